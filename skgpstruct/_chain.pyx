@@ -1,0 +1,444 @@
+"""Compiled forward-backward, Viterbi and path scores over ragged batches.
+
+Sequences are concatenated along the token axis and delimited by ``offsets``
+(see :mod:`skgpstruct.chain`). Every function here trusts its caller for
+shapes, dtypes, offsets and label ranges (they are checked once in
+``skgpstruct.chain``) and runs its loops without the GIL.
+
+Forward-backward picks one of two recursions per sample:
+
+* scaled probability space (no exp/log per V^2 cell) when the range of the
+  sample's pairwise potentials is at most ``MAX_SCALED_RANGE``;
+* log space with max-shifting otherwise.
+
+Both keep the forward and backward messages normalised at every token, so
+nothing grows with the sequence length.
+"""
+
+import numpy as np
+
+from libc.math cimport exp, log, INFINITY
+from libc.stdint cimport int32_t, int64_t
+
+# Safety bound of the scaled recursion. With R = max(P) - min(P) <= 300, every
+# entry of E = exp(P - max P) is >= e^-300 (a normal double). The messages
+# then satisfy, per token, a_i <= u_i e^R max(a) and b_i in [e^-R, e^R], so a
+# term lost to underflow or to the flush of exp(x < -708) changes any message
+# entry by a relative amount of at most V e^(-708 + 2R) < 1e-46 V.
+# Unary potentials may have any range: each token is shifted by its own max.
+cdef double MAX_SCALED_RANGE = 300.0
+cdef double EXP_FLUSH = -708.0
+
+
+cdef inline double _flushed_exp(double x) noexcept nogil:
+    # exp of a non-positive shifted potential, without subnormal results
+    if x < EXP_FLUSH:
+        return 0.0
+    return exp(x)
+
+
+cdef inline double _row_max(const double* x, Py_ssize_t n) noexcept nogil:
+    cdef double m = x[0]
+    cdef Py_ssize_t i
+    for i in range(1, n):
+        if x[i] > m:
+            m = x[i]
+    return m
+
+
+cdef inline void _normalise(double* x, Py_ssize_t n) noexcept nogil:
+    cdef double total = 0.0
+    cdef Py_ssize_t i
+    for i in range(n):
+        total += x[i]
+    total = 1.0 / total
+    for i in range(n):
+        x[i] *= total
+
+
+cdef inline double _log_sum_exp(const double* x, Py_ssize_t n) noexcept nogil:
+    cdef double m = _row_max(x, n)
+    cdef double s = 0.0
+    cdef Py_ssize_t i
+    for i in range(n):
+        s += exp(x[i] - m)
+    return m + log(s)
+
+
+# --------------------------------------------------------------------------
+# Scaled probability-space recursion (eqs. of Rabiner 1989, sec. V.A, with the
+# normaliser of the backward pass recomputed from alpha so that every token's
+# marginal sums to one to rounding).
+# --------------------------------------------------------------------------
+
+cdef double _forward_scaled(
+    const double* U, const double* E, double log_e_max, Py_ssize_t V,
+    Py_ssize_t T, double* alpha, Py_ssize_t stride, double* s_buf,
+) noexcept nogil:
+    """Normalised forward messages; returns log Z of the sequence.
+
+    ``U`` holds T rows of V unary potentials, ``E`` = exp(P - log_e_max).
+    Row t of the messages is written at ``alpha + t * stride``; a stride of 0
+    keeps only the last row (log Z only).
+    """
+    cdef Py_ssize_t t, i, j
+    cdef double umax, c, inv, ai, log_z = 0.0
+    cdef const double* u_row
+    cdef const double* e_row
+    cdef double* a
+    cdef double* prev
+    for t in range(T):
+        u_row = U + t * V
+        a = alpha + t * stride
+        umax = _row_max(u_row, V)
+        if t == 0:
+            for j in range(V):
+                a[j] = _flushed_exp(u_row[j] - umax)
+        else:
+            prev = alpha + (t - 1) * stride
+            for j in range(V):
+                s_buf[j] = 0.0
+            for i in range(V):
+                ai = prev[i]
+                if ai != 0.0:
+                    e_row = E + i * V
+                    for j in range(V):
+                        s_buf[j] += ai * e_row[j]
+            for j in range(V):
+                a[j] = _flushed_exp(u_row[j] - umax) * s_buf[j]
+            log_z += log_e_max
+        c = 0.0
+        for j in range(V):
+            c += a[j]
+        inv = 1.0 / c
+        for j in range(V):
+            a[j] *= inv
+        log_z += umax + log(c)
+    return log_z
+
+
+cdef void _backward_scaled(
+    const double* U, const double* E, const double* ET, Py_ssize_t V,
+    Py_ssize_t T, double* alpha, double* pair, double* b, double* w,
+    double* r,
+) noexcept nogil:
+    """Turn stored forward messages into marginals; add pair marginals.
+
+    ``alpha`` (T rows) is overwritten with the token marginals; ``pair``
+    (V x V, zeroed by the caller) receives sum_t xi_t[i, j] / E[i, j], to be
+    multiplied by E once per sequence.
+    """
+    cdef Py_ssize_t t, i, j
+    cdef double umax, z, inv_z, wj, ai
+    cdef const double* u_row
+    cdef const double* col
+    cdef double* a
+    cdef double* p_row
+    for j in range(V):
+        b[j] = 1.0
+    for t in range(T - 2, -1, -1):
+        u_row = U + (t + 1) * V
+        umax = _row_max(u_row, V)
+        for j in range(V):
+            w[j] = _flushed_exp(u_row[j] - umax) * b[j]
+        for i in range(V):
+            r[i] = 0.0
+        for j in range(V):
+            wj = w[j]
+            if wj != 0.0:
+                col = ET + j * V
+                for i in range(V):
+                    r[i] += wj * col[i]
+        a = alpha + t * V
+        z = 0.0
+        for i in range(V):
+            z += a[i] * r[i]
+        inv_z = 1.0 / z
+        for i in range(V):
+            ai = a[i] * inv_z
+            if ai != 0.0:
+                p_row = pair + i * V
+                for j in range(V):
+                    p_row[j] += ai * w[j]
+        for i in range(V):
+            b[i] = r[i] * inv_z
+            a[i] = a[i] * b[i]
+
+
+# --------------------------------------------------------------------------
+# Log-space recursion, for samples whose pairwise range is too wide.
+# --------------------------------------------------------------------------
+
+cdef double _forward_log(
+    const double* U, const double* PT, Py_ssize_t V, Py_ssize_t T,
+    double* alpha, Py_ssize_t stride, double* s_buf,
+) noexcept nogil:
+    """Log forward messages normalised to log-sum-exp 0; returns log Z.
+
+    ``PT`` is the transposed pairwise matrix (row j = column j of P).
+    """
+    cdef Py_ssize_t t, i, j
+    cdef double m, s, x, lse, log_z = 0.0
+    cdef const double* u_row
+    cdef const double* col
+    cdef double* a
+    cdef double* prev
+    for t in range(T):
+        u_row = U + t * V
+        a = alpha + t * stride
+        if t == 0:
+            for j in range(V):
+                a[j] = u_row[j]
+        else:
+            prev = alpha + (t - 1) * stride
+            for j in range(V):
+                col = PT + j * V
+                m = -INFINITY
+                for i in range(V):
+                    x = prev[i] + col[i]
+                    if x > m:
+                        m = x
+                s = 0.0
+                for i in range(V):
+                    s += exp(prev[i] + col[i] - m)
+                s_buf[j] = u_row[j] + m + log(s)
+            for j in range(V):
+                a[j] = s_buf[j]
+        lse = _log_sum_exp(a, V)
+        for j in range(V):
+            a[j] -= lse
+        log_z += lse
+    return log_z
+
+
+cdef void _backward_log(
+    const double* U, const double* P, Py_ssize_t V, Py_ssize_t T,
+    double* alpha, double* pair, double* lb, double* w, double* lb_raw,
+    double* row_max, double* e_buf,
+) noexcept nogil:
+    """Log-space counterpart of ``_backward_scaled``; ``pair`` gets xi itself."""
+    cdef Py_ssize_t t, i, j
+    cdef double m, s, x, norm, f
+    cdef const double* u_row
+    cdef const double* p_row
+    cdef double* a
+    cdef double* e_row
+    cdef double* out_row
+    a = alpha + (T - 1) * V
+    for j in range(V):
+        lb[j] = 0.0
+        a[j] = exp(a[j])
+    # exponents are exact only to ~eps * |potential|: renormalise each token
+    _normalise(a, V)
+    for t in range(T - 2, -1, -1):
+        u_row = U + (t + 1) * V
+        for j in range(V):
+            w[j] = u_row[j] + lb[j]
+        for i in range(V):
+            p_row = P + i * V
+            e_row = e_buf + i * V
+            m = -INFINITY
+            for j in range(V):
+                x = p_row[j] + w[j]
+                if x > m:
+                    m = x
+            s = 0.0
+            for j in range(V):
+                e_row[j] = exp(p_row[j] + w[j] - m)
+                s += e_row[j]
+            row_max[i] = m
+            lb_raw[i] = m + log(s)
+        a = alpha + t * V
+        for i in range(V):
+            w[i] = a[i] + lb_raw[i]
+        norm = _log_sum_exp(w, V)
+        for i in range(V):
+            f = exp(a[i] + row_max[i] - norm)
+            if f != 0.0:
+                e_row = e_buf + i * V
+                out_row = pair + i * V
+                for j in range(V):
+                    out_row[j] += f * e_row[j]
+        for i in range(V):
+            lb[i] = lb_raw[i] - norm
+            a[i] = exp(a[i] + lb[i])
+        _normalise(a, V)
+
+
+# --------------------------------------------------------------------------
+# Entry points (called by skgpstruct.chain only)
+# --------------------------------------------------------------------------
+
+def forward_backward(
+    const double[:, :, ::1] unary,
+    const double[:, :, ::1] pairwise,
+    const int64_t[::1] offsets,
+    double[:, ::1] log_z,
+    double[:, :, ::1] marginals,
+    double[:, :, :, ::1] pair_marginals,
+    bint with_marginals,
+):
+    """Fill ``log_z`` (S, n_seq) and, if ``with_marginals``, ``marginals``
+    (S, n_tokens, V) and ``pair_marginals`` (S, n_seq, V, V, zero-filled).
+
+    Returns the number of samples that used the log-space recursion.
+    """
+    cdef Py_ssize_t S = unary.shape[0]
+    cdef Py_ssize_t V = unary.shape[2]
+    cdef Py_ssize_t n_seq = offsets.shape[0] - 1
+    cdef Py_ssize_t s, n, i, j, start, T
+    cdef Py_ssize_t n_log_space = 0
+    cdef double p_max, p_min, x
+    cdef bint scaled
+    cdef const double* P
+    cdef const double* U
+    cdef double* alpha
+    cdef double* pair
+    cdef Py_ssize_t stride = V if with_marginals else 0
+
+    # E, ET (or P^T) and e_buf: 3 V x V; then 6 vectors of length V
+    cdef double[::1] work = np.empty(3 * V * V + 6 * V + 2 * V, dtype=np.float64)
+    cdef double* E = &work[0]
+    cdef double* ET = E + V * V
+    cdef double* e_buf = ET + V * V
+    cdef double* v0 = e_buf + V * V
+    cdef double* v1 = v0 + V
+    cdef double* v2 = v1 + V
+    cdef double* v3 = v2 + V
+    cdef double* v4 = v3 + V
+    cdef double* roll = v4 + V  # 2 V: forward messages when not stored
+
+    with nogil:
+        for s in range(S):
+            P = &pairwise[s, 0, 0]
+            p_max = _row_max(P, V * V)
+            p_min = P[0]
+            for i in range(V * V):
+                if P[i] < p_min:
+                    p_min = P[i]
+            scaled = p_max - p_min <= MAX_SCALED_RANGE
+            if scaled:
+                for i in range(V):
+                    for j in range(V):
+                        x = exp(P[i * V + j] - p_max)
+                        E[i * V + j] = x
+                        ET[j * V + i] = x
+            else:
+                n_log_space += 1
+                for i in range(V):
+                    for j in range(V):
+                        ET[j * V + i] = P[i * V + j]
+            for n in range(n_seq):
+                start = offsets[n]
+                T = offsets[n + 1] - start
+                if T == 0:
+                    log_z[s, n] = 0.0
+                    continue
+                U = &unary[s, start, 0]
+                alpha = &marginals[s, start, 0] if with_marginals else roll
+                if scaled:
+                    log_z[s, n] = _forward_scaled(
+                        U, E, p_max, V, T, alpha, stride, v0)
+                else:
+                    log_z[s, n] = _forward_log(U, ET, V, T, alpha, stride, v0)
+                if not with_marginals:
+                    continue
+                pair = &pair_marginals[s, n, 0, 0]
+                if scaled:
+                    _backward_scaled(U, E, ET, V, T, alpha, pair, v0, v1, v2)
+                    for i in range(V * V):
+                        pair[i] *= E[i]
+                else:
+                    _backward_log(
+                        U, P, V, T, alpha, pair, v0, v1, v2, v3, e_buf)
+    return n_log_space
+
+
+def viterbi(
+    const double[:, ::1] unary,
+    const double[:, ::1] pairwise,
+    const int64_t[::1] offsets,
+    int64_t[::1] labels,
+    double[::1] scores,
+    int32_t[:, ::1] backpointers,
+):
+    """Max-plus decoding of every sequence into ``labels`` and ``scores``.
+
+    Runs over suffixes (from the last token back) so that picking the lowest
+    best label at each step, front to back, yields the lexicographically
+    smallest of the optimal labellings. ``backpointers`` has shape
+    (max(1, longest sequence - 1), V).
+    """
+    cdef Py_ssize_t V = unary.shape[1]
+    cdef Py_ssize_t n_seq = offsets.shape[0] - 1
+    cdef Py_ssize_t n, t, i, j, start, T, arg
+    cdef double best, x
+    cdef const double* P = &pairwise[0, 0]
+    cdef const double* U
+    cdef const double* p_row
+    cdef double[::1] work = np.empty(2 * V, dtype=np.float64)
+    cdef double* d
+    cdef double* nd
+    cdef double* tmp
+    cdef int32_t* bp
+    with nogil:
+        for n in range(n_seq):
+            start = offsets[n]
+            T = offsets[n + 1] - start
+            if T == 0:
+                scores[n] = 0.0
+                continue
+            U = &unary[start, 0]
+            d = &work[0]
+            nd = d + V
+            for i in range(V):
+                d[i] = U[(T - 1) * V + i]
+            for t in range(T - 2, -1, -1):
+                bp = &backpointers[t, 0]
+                for i in range(V):
+                    p_row = P + i * V
+                    best = p_row[0] + d[0]
+                    arg = 0
+                    for j in range(1, V):
+                        x = p_row[j] + d[j]
+                        if x > best:
+                            best = x
+                            arg = j
+                    nd[i] = U[t * V + i] + best
+                    bp[i] = <int32_t> arg
+                tmp = d
+                d = nd
+                nd = tmp
+            arg = 0
+            for i in range(1, V):
+                if d[i] > d[arg]:
+                    arg = i
+            scores[n] = d[arg]
+            labels[start] = arg
+            for t in range(T - 1):
+                arg = backpointers[t, arg]
+                labels[start + t + 1] = arg
+
+
+def path_scores(
+    const double[:, :, ::1] unary,
+    const double[:, :, ::1] pairwise,
+    const int64_t[::1] offsets,
+    const int64_t[::1] labels,
+    double[:, ::1] scores,
+):
+    """Unnormalised log potential of ``labels`` per sample and sequence."""
+    cdef Py_ssize_t S = unary.shape[0]
+    cdef Py_ssize_t n_seq = offsets.shape[0] - 1
+    cdef Py_ssize_t s, n, t, stop
+    cdef double total
+    with nogil:
+        for s in range(S):
+            for n in range(n_seq):
+                stop = offsets[n + 1]
+                total = 0.0
+                for t in range(offsets[n], stop):
+                    total += unary[s, t, labels[t]]
+                    if t + 1 < stop:
+                        total += pairwise[s, labels[t], labels[t + 1]]
+                scores[s, n] = total

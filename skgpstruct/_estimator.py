@@ -1,0 +1,543 @@
+"""GPStructClassifier: the scikit-learn face of the structured GP."""
+
+import numbers
+import sys
+import warnings
+
+import numpy as np
+from joblib import Parallel
+from sklearn.base import BaseEstimator
+from sklearn.exceptions import ConvergenceWarning
+from sklearn.utils.validation import check_is_fitted
+
+from . import chain
+from ._linalg import jitter_cholesky
+from ._sequences import (
+    check_sequence_features,
+    check_sequence_labels,
+    chunk_slices,
+    offsets_from_lengths,
+    split_by_offsets,
+    stack_sequences,
+)
+from .inference.elbo import SparseELBO
+from .inference.inducing import select_inducing_points
+from .inference.posterior import ParameterLayout, VariationalParameters
+from .inference.terms import Chunk, project, sample_unary
+from .kernels import check_kernel
+from .likelihoods import get_likelihood
+from .optim.lbfgs import Timer, minimize_lbfgs
+
+__all__ = ["GPStructClassifier"]
+
+# A chunk closes once it holds this many tokens. Fixed (never derived from
+# n_jobs) so that results are bit-identical for every n_jobs and backend.
+CHUNK_TOKENS = 2000
+
+_OPTIONS = {
+    "covariance": ("full", "diag"),
+    "gradient": ("pathwise", "score"),
+    "optimizer": ("lbfgs",),
+    "decode": ("viterbi", "marginal"),
+    "inducing": ("kmeans++", "random"),
+}
+
+
+class GPStructClassifier(BaseEstimator):
+    """Sequence labelling with a Gaussian-process CRF and variational inference.
+
+    A linear-chain CRF whose unary potentials are Gaussian-process functions
+    of the token features (one latent function per label) and whose pairwise
+    potentials are Gaussian, fitted by sparse variational inference with
+    inducing points ("gray-box inference for structured Gaussian process
+    models", Galliani et al.). Kernel hyperparameters are learned by
+    maximising the evidence lower bound, so no cross-validation is needed to
+    set the regularisation.
+
+    Parameters
+    ----------
+    kernel : {"linear", "rbf"} or Kernel or sklearn GP kernel, default="linear"
+        Covariance of the unary latent functions, shared by all labels. A
+        scikit-learn ``gaussian_process.kernels`` object is accepted for
+        dense features. For ``"linear"`` the initial variance is set so that
+        the prior standard deviation of a training token's potential is 1.
+    n_inducing : int, default=500
+        Number of inducing inputs, chosen among distinct training tokens
+        (capped at their number).
+    n_components : int, default=1
+        Mixture components K of the posterior over inducing variables.
+    covariance : {"full", "diag"}, default="diag"
+        Full (lower-triangular factor) or diagonal posterior covariances.
+    likelihood : "crf" or Likelihood, default="crf"
+        The sequence likelihood; ``"crf"`` is the exact linear chain.
+    gradient : {"pathwise", "score"}, default="pathwise"
+        Monte Carlo gradient estimator: reparameterisation (needs the
+        likelihood's gradient) or the score-function estimator with control
+        variates (needs only ``log p(y | f)``).
+    optimizer : {"lbfgs"}, default="lbfgs"
+        L-BFGS-B on the fixed-sample objective (batch mode).
+    n_samples : int, default=4
+        Monte Carlo samples per sequence (and component) in the ELBO.
+    max_iter : int, default=300
+        Maximum number of L-BFGS iterations.
+    tol : float, default=1e-6
+        Relative change of the ELBO under which the optimisation stops.
+    decode : {"viterbi", "marginal"}, default="viterbi"
+        ``predict`` runs Viterbi on the posterior mean potentials, or takes
+        the per-token argmax of :meth:`predict_marginals`.
+    learn_hyperparameters : bool, default=True
+        Optimise the kernel hyperparameters with the ELBO; False freezes them.
+    pairwise_prior_variance : float, default=1.0
+        Prior variance of every pairwise potential.
+    inducing : {"kmeans++", "random"}, default="kmeans++"
+        How inducing inputs are drawn among the distinct training tokens.
+    n_predict_samples : int, default=32
+        Posterior samples averaged by :meth:`predict_marginals`.
+    n_jobs : int or None, default=None
+        Workers for the per-sequence terms (joblib semantics: None means 1
+        unless in a ``joblib.parallel_config`` context, -1 all cores). The
+        backend comes from joblib's context, e.g. ``parallel_config("dask")``.
+    random_state : int, RandomState instance or None, default=None
+        Seeds inducing-point choice and Monte Carlo samples. The same seed
+        gives the same model for any ``n_jobs`` and backend.
+    verbose : int, default=0
+        If positive, print one progress line per iteration.
+    warm_start : bool, default=False
+        Start from the previous fit's inducing points, hyperparameters and
+        posterior (same classes and features required).
+
+    Attributes
+    ----------
+    classes_ : ndarray of shape (n_classes,)
+        Labels seen in ``fit``, sorted; columns of :meth:`predict_marginals`.
+    n_features_in_ : int
+    inducing_points_ : ndarray or CSR matrix of shape (M, n_features)
+    kernel_ : Kernel
+        The kernel with its learned hyperparameters.
+    q_mu_ : ndarray of shape (K, n_classes, M)
+        Means of the whitened inducing variables.
+    q_sqrt_ : ndarray of shape (K, n_classes, M, M) or (K, n_classes, M)
+        Cholesky factors (full) or standard deviations (diag).
+    weights_ : ndarray of shape (K,)
+        Mixture weights.
+    pairwise_mean_ : ndarray of shape (n_classes, n_classes)
+        Posterior mean of the transition potentials (from row to column).
+    pairwise_std_ : ndarray of shape (n_classes, n_classes)
+    elbo_history_ : list of float
+        ELBO after every iteration.
+    n_iter_ : int
+
+    Notes
+    -----
+    The estimator is deliberately not tagged as a scikit-learn *classifier*:
+    for classifiers, ``cross_val_score(..., cv=5)`` and ``GridSearchCV`` use
+    stratified folds, which are undefined for lists of label sequences. Left
+    untagged, an integer ``cv`` gives ``KFold`` over whole sequences, which
+    is what sequence labelling needs. ``score`` is token accuracy.
+
+    Examples
+    --------
+    >>> from skgpstruct import GPStructClassifier
+    >>> from skgpstruct.datasets import make_sequences
+    >>> X, y = make_sequences(n_sequences=30, random_state=0)
+    >>> clf = GPStructClassifier(n_inducing=50, max_iter=30, random_state=0)
+    >>> clf = clf.fit(X, y)
+    >>> [p.shape for p in clf.predict_marginals(X[:2])] == [
+    ...     (len(X[0]), len(clf.classes_)), (len(X[1]), len(clf.classes_))]
+    True
+    """
+
+    def __init__(
+        self,
+        kernel="linear",
+        *,
+        n_inducing=500,
+        n_components=1,
+        covariance="diag",
+        likelihood="crf",
+        gradient="pathwise",
+        optimizer="lbfgs",
+        n_samples=4,
+        max_iter=300,
+        tol=1e-6,
+        decode="viterbi",
+        learn_hyperparameters=True,
+        pairwise_prior_variance=1.0,
+        inducing="kmeans++",
+        n_predict_samples=32,
+        n_jobs=None,
+        random_state=None,
+        verbose=0,
+        warm_start=False,
+    ):
+        self.kernel = kernel
+        self.n_inducing = n_inducing
+        self.n_components = n_components
+        self.covariance = covariance
+        self.likelihood = likelihood
+        self.gradient = gradient
+        self.optimizer = optimizer
+        self.n_samples = n_samples
+        self.max_iter = max_iter
+        self.tol = tol
+        self.decode = decode
+        self.learn_hyperparameters = learn_hyperparameters
+        self.pairwise_prior_variance = pairwise_prior_variance
+        self.inducing = inducing
+        self.n_predict_samples = n_predict_samples
+        self.n_jobs = n_jobs
+        self.random_state = random_state
+        self.verbose = verbose
+        self.warm_start = warm_start
+
+    # ------------------------------------------------------------------ #
+    # validation
+    def _check_params(self):
+        for name, accepted in _OPTIONS.items():
+            value = getattr(self, name)
+            if not isinstance(value, str) or value not in accepted:
+                raise ValueError(
+                    f"{name} must be one of {list(accepted)}, got {value!r}"
+                )
+        for name, low in (
+            ("n_inducing", 1),
+            ("n_components", 1),
+            ("n_samples", 1),
+            ("max_iter", 1),
+            ("n_predict_samples", 1),
+        ):
+            value = getattr(self, name)
+            if (
+                not isinstance(value, numbers.Integral)
+                or isinstance(value, bool)
+                or value < low
+            ):
+                raise ValueError(f"{name} must be an integer >= {low}, got {value!r}")
+        for name in ("tol", "pairwise_prior_variance"):
+            value = getattr(self, name)
+            if not isinstance(value, numbers.Real) or not value > 0:
+                raise ValueError(f"{name} must be a positive number, got {value!r}")
+        likelihood = get_likelihood(self.likelihood)
+        if self.gradient == "pathwise" and not likelihood.has_gradient:
+            raise ValueError(
+                f"gradient='pathwise' needs a likelihood with a gradient; "
+                f"{likelihood!r} provides only log p(y | f): use gradient='score'"
+            )
+        return likelihood
+
+    def _rng(self):
+        rs = self.random_state
+        if isinstance(rs, np.random.RandomState):
+            return np.random.default_rng(rs.randint(2**31))
+        if rs is None or isinstance(rs, numbers.Integral):
+            return np.random.default_rng(rs)
+        raise ValueError(
+            f"random_state must be None, an int or a RandomState, got {rs!r}"
+        )
+
+    # ------------------------------------------------------------------ #
+    # fitting
+    def fit(self, X, y):
+        """Fit the variational posterior and the kernel hyperparameters.
+
+        Parameters
+        ----------
+        X : list of array-like or sparse matrices of shape (T_n, n_features)
+            Features of every token of every sequence.
+        y : list of array-like of shape (T_n,)
+            Labels (strings or integers) of every token.
+
+        Returns
+        -------
+        self : GPStructClassifier
+        """
+        likelihood = self._check_params()
+        sequences, is_sparse = check_sequence_features(X)
+        lengths = [s.shape[0] for s in sequences]
+        labels = check_sequence_labels(y, lengths)
+        if sum(lengths) == 0:
+            raise ValueError("X has no tokens: every sequence has length 0")
+        all_labels = np.concatenate(labels)
+        classes, label_index = np.unique(all_labels, return_inverse=True)
+        X_all, offsets = stack_sequences(sequences)
+        n_features = X_all.shape[1]
+        rng = self._rng()
+
+        warm = self.warm_start and hasattr(self, "q_mu_")
+        if warm and (
+            not np.array_equal(classes, self.classes_)
+            or n_features != self.n_features_in_
+            or self.covariance != ("full" if self.q_sqrt_.ndim == 4 else "diag")
+            or self.n_components != self.q_mu_.shape[0]
+        ):
+            raise ValueError(
+                "warm_start=True needs the same classes, number of features, "
+                "covariance and n_components as the previous fit"
+            )
+        if warm:
+            kernel, Z = self.kernel_, self.inducing_points_
+            params = VariationalParameters(
+                self.q_mu_, self.q_sqrt_, self.weights_,
+                self.pairwise_mean_, self.pairwise_std_,
+            ).copy()
+        else:
+            kernel = check_kernel(self.kernel, sparse=is_sparse)
+            if isinstance(self.kernel, str) and self.kernel == "linear":
+                # Prior sd of a training token's potential starts at 1.
+                kernel = kernel.clone_with_theta(
+                    kernel.theta - np.log(np.mean(kernel.diag(X_all)))
+                    * (np.array(kernel.hyperparameter_names) == "variance")
+                )
+            chosen = select_inducing_points(
+                X_all, kernel, self.n_inducing, self.inducing, rng
+            )
+            Z = X_all[chosen]
+            params = self._initial_parameters(len(classes), Z.shape[0], rng)
+
+        n_classes = len(classes)
+        n_theta = len(kernel.theta) if self.learn_hyperparameters else 0
+        layout = ParameterLayout(
+            self.n_components, n_classes, Z.shape[0],
+            self.covariance == "full", n_theta,
+        )
+        x0 = layout.pack(params, kernel.theta if n_theta else None)
+
+        seed = np.random.SeedSequence(int(rng.integers(2**63)))
+        slices = chunk_slices(lengths, CHUNK_TOKENS)
+        chunk_seeds = seed.spawn(len(slices))
+        label_offsets = offsets
+        chunks = [
+            Chunk(
+                X=X_all[label_offsets[sl.start] : label_offsets[sl.stop]],
+                offsets=offsets[sl.start : sl.stop + 1] - offsets[sl.start],
+                labels=label_index[label_offsets[sl.start] : label_offsets[sl.stop]]
+                .astype(np.int64),
+                seed=s,
+            )
+            for sl, s in zip(slices, chunk_seeds, strict=True)
+        ]
+        objective = SparseELBO(
+            chunks, Z, kernel, likelihood, layout,
+            n_samples=self.n_samples,
+            estimator=self.gradient,
+            pairwise_prior_variance=float(self.pairwise_prior_variance),
+            pairwise_noise=rng.standard_normal((self.n_samples, n_classes, n_classes)),
+            residual_floor=1e-8 * float(np.mean(kernel.diag(Z))),
+        )
+        bounds = [(None, None)] * layout.size
+        if n_theta:
+            sl = layout.slices["theta"]
+            bounds[sl] = [tuple(b) for b in kernel.bounds]
+
+        timer = Timer()
+        verbose = self.verbose
+
+        def progress(iteration, value, x):
+            if verbose:
+                print(
+                    f"iteration {iteration:4d}  ELBO {value:14.4f}  "
+                    f"{timer():8.2f} s",
+                    file=sys.stdout,
+                    flush=True,
+                )
+
+        with Parallel(n_jobs=self.n_jobs) as parallel:
+
+            def value_and_grad(x):
+                evaluation = objective.evaluate(x, parallel)
+                return evaluation.elbo, evaluation.gradient
+
+            result = minimize_lbfgs(
+                value_and_grad, x0, bounds=bounds, max_iter=self.max_iter,
+                tol=self.tol, callback=progress,
+            )
+        if not result.converged:
+            warnings.warn(
+                f"GPStructClassifier did not converge in {result.n_iter} "
+                f"iterations ({result.message}); increase max_iter or tol",
+                ConvergenceWarning,
+                stacklevel=2,
+            )
+
+        params, theta = layout.unpack(result.x)
+        self.classes_ = classes
+        self.n_features_in_ = n_features
+        self.inducing_points_ = Z
+        self.kernel_ = objective.kernel_at(theta)
+        self.q_mu_ = params.q_mu
+        self.q_sqrt_ = params.q_sqrt
+        self.weights_ = params.weights
+        self.pairwise_mean_ = params.pairwise_mean
+        self.pairwise_std_ = params.pairwise_std
+        history = list(result.history)
+        self.elbo_history_ = (
+            self.elbo_history_ + history if warm else history
+        )
+        self.n_iter_ = result.n_iter
+        self._L_zz, _ = jitter_cholesky(self.kernel_(Z), name="K_zz")
+        self._predict_seed = int(rng.integers(2**63))
+        return self
+
+    def _initial_parameters(self, n_classes, n_inducing, rng):
+        K, V, M = self.n_components, n_classes, n_inducing
+        # Components start apart so that they do not stay identical.
+        q_mu = 0.1 * rng.standard_normal((K, V, M)) if K > 1 else np.zeros((K, V, M))
+        if self.covariance == "full":
+            q_sqrt = np.broadcast_to(0.1 * np.eye(M), (K, V, M, M)).copy()
+        else:
+            q_sqrt = np.full((K, V, M), 0.1)
+        return VariationalParameters(
+            q_mu=q_mu,
+            q_sqrt=q_sqrt,
+            weights=np.full(K, 1.0 / K),
+            pairwise_mean=np.zeros((V, V)),
+            pairwise_std=np.full((V, V), 0.1),
+        )
+
+    # ------------------------------------------------------------------ #
+    # prediction
+    def _check_predict_input(self, X):
+        check_is_fitted(self, "q_mu_")
+        sequences, _ = check_sequence_features(
+            X, n_features=self.n_features_in_, allow_empty=True
+        )
+        return sequences
+
+    def _params(self):
+        return VariationalParameters(
+            self.q_mu_, self.q_sqrt_, self.weights_,
+            self.pairwise_mean_, self.pairwise_std_,
+        )
+
+    def _chunks(self, sequences):
+        """(stacked X, offsets) of consecutive runs of the given sequences."""
+        lengths = [s.shape[0] for s in sequences]
+        for sl in chunk_slices(lengths, CHUNK_TOKENS):
+            part = sequences[sl]
+            if sum(s.shape[0] for s in part) == 0:
+                yield sl, None, offsets_from_lengths([0] * len(part))
+                continue
+            X_c, offsets = stack_sequences(part)
+            yield sl, X_c, offsets
+
+    def predict_marginals(self, X):
+        """Posterior probability of every label at every token.
+
+        Forward-backward marginals averaged over posterior samples of the
+        potentials (``n_predict_samples`` per mixture component, weighted by
+        the mixture weights).
+
+        Parameters
+        ----------
+        X : list of array-like or sparse matrices of shape (T_n, n_features)
+
+        Returns
+        -------
+        marginals : list of ndarray of shape (T_n, n_classes)
+            Rows sum to one; columns follow ``classes_``.
+        """
+        sequences = self._check_predict_input(X)
+        params = self._params()
+        K, V, M = params.q_mu.shape
+        S = self.n_predict_samples
+        out = [None] * len(sequences)
+        seed = np.random.SeedSequence(self._predict_seed)
+        slices = list(self._chunks(sequences))
+        chunk_seeds = seed.spawn(max(len(slices), 1))
+        for (sl, X_c, offsets), cseed in zip(slices, chunk_seeds, strict=False):
+            if X_c is None:
+                for i in range(sl.start, sl.stop):
+                    out[i] = np.zeros((0, V))
+                continue
+            rng = np.random.default_rng(cseed)
+            B, residual = project(self.kernel_, self.inducing_points_, self._L_zz, X_c)
+            n_seq, T = len(offsets) - 1, X_c.shape[0]
+            eps = rng.standard_normal((K, V, M, n_seq * S))
+            xi = rng.standard_normal((K, S, T, V))
+            unary, _ = sample_unary(params, B, np.sqrt(residual), offsets, eps, xi)
+            pairwise = (
+                params.pairwise_mean[None]
+                + params.pairwise_std[None] * rng.standard_normal((S, V, V))
+            )
+            marg = np.zeros((T, V))
+            for k in range(K):
+                _, m_k, _ = chain.forward_backward(unary[k], pairwise, offsets)
+                marg += params.weights[k] * m_k.mean(axis=0)
+            marg /= marg.sum(axis=1, keepdims=True)
+            pieces = split_by_offsets(marg, offsets)
+            for i, piece in zip(range(sl.start, sl.stop), pieces, strict=True):
+                out[i] = piece
+        return out
+
+    def _mean_potentials(self, X_c):
+        B, _ = project(self.kernel_, self.inducing_points_, self._L_zz, X_c)
+        mean_mu = np.einsum("k,kvm->vm", self.weights_, self.q_mu_)
+        return (mean_mu @ B).T
+
+    def predict(self, X):
+        """Most probable labelling of every sequence.
+
+        Parameters
+        ----------
+        X : list of array-like or sparse matrices of shape (T_n, n_features)
+
+        Returns
+        -------
+        y_pred : list of ndarray of shape (T_n,)
+            Labels from ``classes_``; a zero-length sequence gets an empty
+            array.
+        """
+        if self.decode == "marginal":
+            return [
+                self.classes_[np.argmax(m, axis=1)] if len(m) else self.classes_[:0]
+                for m in self.predict_marginals(X)
+            ]
+        sequences = self._check_predict_input(X)
+        out = [None] * len(sequences)
+        for sl, X_c, offsets in self._chunks(sequences):
+            if X_c is None:
+                for i in range(sl.start, sl.stop):
+                    out[i] = self.classes_[:0]
+                continue
+            labels, _ = chain.viterbi(
+                self._mean_potentials(X_c), self.pairwise_mean_, offsets
+            )
+            for i, piece in zip(range(sl.start, sl.stop),
+                                split_by_offsets(labels, offsets), strict=True):
+                out[i] = self.classes_[piece]
+        return out
+
+    def score(self, X, y, sample_weight=None):
+        """Token accuracy of :meth:`predict` on ``X`` against ``y``.
+
+        Parameters
+        ----------
+        X : list of array-like or sparse matrices of shape (T_n, n_features)
+        y : list of array-like of shape (T_n,)
+        sample_weight : None
+            Not supported (must be None).
+
+        Returns
+        -------
+        accuracy : float
+        """
+        if sample_weight is not None:
+            raise ValueError("sample_weight is not supported; pass None")
+        y_pred = self.predict(X)
+        labels = check_sequence_labels(y, [len(p) for p in y_pred])
+        n_tokens = sum(len(p) for p in y_pred)
+        if n_tokens == 0:
+            raise ValueError("X has no tokens to score")
+        correct = sum(
+            int(np.sum(np.asarray(p) == np.asarray(t)))
+            for p, t in zip(y_pred, labels, strict=True)
+        )
+        return correct / n_tokens
+
+    def __sklearn_tags__(self):
+        tags = super().__sklearn_tags__()
+        tags.input_tags.two_d_array = False
+        tags.input_tags.sparse = True
+        tags.target_tags.required = True
+        tags.non_deterministic = False
+        return tags

@@ -1,0 +1,105 @@
+"""Dense linear algebra shared by the whole package.
+
+Every Cholesky factorisation in skgpstruct goes through :func:`jitter_cholesky`,
+so that near-singular kernel matrices are handled the same way everywhere.
+"""
+
+import numpy as np
+from scipy import linalg
+
+__all__ = ["jitter_cholesky", "cholesky_backward", "CholeskyError"]
+
+
+class CholeskyError(np.linalg.LinAlgError):
+    """Raised when a matrix stays non positive definite after all jitter."""
+
+
+def jitter_cholesky(matrix, *, initial_jitter=1e-10, max_tries=8, name="matrix"):
+    """Lower Cholesky factor of a symmetric matrix, adding jitter on failure.
+
+    The jitter added to the diagonal starts at ``initial_jitter`` times the
+    mean diagonal and grows tenfold at each failed attempt.
+
+    Parameters
+    ----------
+    matrix : ndarray of shape (n, n)
+        Symmetric positive (semi-)definite matrix. It is not modified.
+    initial_jitter : float, default=1e-10
+        First relative jitter tried after the plain factorisation fails.
+    max_tries : int, default=8
+        Number of jitter levels tried before giving up.
+    name : str, default="matrix"
+        Name used in the error message.
+
+    Returns
+    -------
+    lower : ndarray of shape (n, n)
+        Lower-triangular ``L`` with ``L @ L.T == matrix + jitter * I``.
+    jitter : float
+        The absolute jitter that was added (0.0 when none was needed).
+
+    Raises
+    ------
+    CholeskyError
+        If the matrix is not finite or is still not positive definite after
+        the largest jitter.
+    """
+    matrix = np.asarray(matrix, dtype=np.float64)
+    if matrix.ndim != 2 or matrix.shape[0] != matrix.shape[1]:
+        raise ValueError(f"{name} must be a square matrix, got shape {matrix.shape}")
+    if matrix.shape[0] == 0:
+        return np.zeros((0, 0)), 0.0
+    if not np.all(np.isfinite(matrix)):
+        raise CholeskyError(f"{name} contains NaN or infinite entries")
+    try:
+        return linalg.cholesky(matrix, lower=True, check_finite=False), 0.0
+    except linalg.LinAlgError:
+        pass
+    scale = float(np.mean(np.abs(np.diag(matrix))))
+    scale = scale if scale > 0 else 1.0
+    jitter = initial_jitter * scale
+    eye = np.eye(matrix.shape[0])
+    for _ in range(max_tries):
+        try:
+            lower = linalg.cholesky(
+                matrix + jitter * eye, lower=True, check_finite=False
+            )
+            return lower, jitter
+        except linalg.LinAlgError:
+            jitter *= 10.0
+    raise CholeskyError(
+        f"{name} of shape {matrix.shape} is not positive definite even with "
+        f"jitter {jitter / 10.0:.3g} added to its diagonal; check the kernel "
+        "hyperparameters or use fewer (more distinct) inducing points"
+    )
+
+
+def cholesky_backward(lower, lower_bar):
+    """Reverse-mode derivative of the Cholesky factorisation.
+
+    Given ``L = chol(A)`` and the gradient ``L_bar`` of a scalar with respect
+    to the lower triangle of ``L``, return the gradient with respect to the
+    symmetric matrix ``A`` (as a symmetric matrix, each off-diagonal pair
+    carrying half of the total). This is Murray (2016), "Differentiation of
+    the Cholesky decomposition", eq. 10 in symmetric form.
+
+    Parameters
+    ----------
+    lower : ndarray of shape (n, n)
+        Lower Cholesky factor ``L``.
+    lower_bar : ndarray of shape (n, n)
+        Gradient with respect to ``L``; its upper triangle is ignored.
+
+    Returns
+    -------
+    a_bar : ndarray of shape (n, n)
+        Symmetric gradient with respect to ``A``.
+    """
+    phi = np.tril(lower.T @ np.tril(lower_bar))
+    phi[np.diag_indices_from(phi)] *= 0.5
+    # A_bar = L^{-T} Phi L^{-1}, then symmetrised.
+    tmp = linalg.solve_triangular(lower, phi, lower=True, trans="T", check_finite=False)
+    a_bar = linalg.solve_triangular(
+        lower, tmp.T, lower=True, trans="T", check_finite=False
+    ).T
+    return 0.5 * (a_bar + a_bar.T)

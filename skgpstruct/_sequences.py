@@ -1,0 +1,265 @@
+"""Validation and layout of ragged sequence data.
+
+This is the one place that checks lists of per-sequence feature matrices,
+concatenates them into a single matrix with an ``offsets`` array, and cuts
+them into chunks. Everything else calls these helpers.
+"""
+
+import numbers
+
+import numpy as np
+import scipy.sparse as sp
+
+__all__ = [
+    "check_sequence_features",
+    "check_sequence_labels",
+    "offsets_from_lengths",
+    "stack_sequences",
+    "split_by_offsets",
+    "chunk_slices",
+]
+
+
+def _describe(obj):
+    return type(obj).__name__
+
+
+def check_sequence_features(X, *, name="X", n_features=None, allow_empty=False):
+    """Validate a list of per-sequence feature matrices.
+
+    Parameters
+    ----------
+    X : sequence of array-like or sparse matrices of shape (T_n, n_features)
+        One matrix per sequence; rows are tokens.
+    name : str, default="X"
+        Argument name used in error messages.
+    n_features : int or None, default=None
+        If given, the number of columns every sequence must have.
+    allow_empty : bool, default=False
+        Whether an empty list of sequences is accepted.
+
+    Returns
+    -------
+    sequences : list
+        float64 ndarrays (C-contiguous) or CSR matrices, one per sequence.
+    is_sparse : bool
+        True when the sequences are sparse.
+
+    Raises
+    ------
+    ValueError
+        On an empty list (unless allowed), a non two-dimensional sequence,
+        mixed dense and sparse sequences, inconsistent or unexpected numbers
+        of features, or NaN / infinite values.
+    """
+    if isinstance(X, np.ndarray) and X.dtype != object and X.ndim == 2:
+        raise ValueError(
+            f"{name} must be a list of per-sequence feature matrices of shape "
+            f"(n_tokens, n_features), got one 2-D array of shape {X.shape}; "
+            f"wrap a single sequence as [{name}]"
+        )
+    if sp.issparse(X) or isinstance(X, str | bytes) or not hasattr(X, "__len__"):
+        raise ValueError(
+            f"{name} must be a list of per-sequence feature matrices, "
+            f"got {_describe(X)}"
+        )
+    if len(X) == 0 and not allow_empty:
+        raise ValueError(f"{name} contains no sequences; at least one is required")
+    sequences = []
+    kinds = set()
+    for i, seq in enumerate(X):
+        if sp.issparse(seq):
+            seq = sp.csr_matrix(seq, dtype=np.float64)
+            seq.sum_duplicates()
+            values = seq.data
+            kinds.add("sparse")
+        else:
+            try:
+                seq = np.asarray(seq, dtype=np.float64)
+            except (TypeError, ValueError) as exc:
+                raise ValueError(
+                    f"{name}[{i}] could not be converted to a float array: {exc}"
+                ) from None
+            if seq.ndim == 1 and seq.size == 0:
+                seq = seq.reshape(0, n_features if n_features is not None else 0)
+            if seq.ndim != 2:
+                raise ValueError(
+                    f"{name}[{i}] must be a 2-D matrix of shape (n_tokens, "
+                    f"n_features), got an array with {seq.ndim} dimension(s)"
+                )
+            seq = np.ascontiguousarray(seq)
+            values = seq
+            kinds.add("dense")
+        if not np.all(np.isfinite(values)):
+            raise ValueError(
+                f"{name}[{i}] contains NaN or infinite values; features must "
+                "be finite"
+            )
+        sequences.append(seq)
+    if len(kinds) > 1:
+        raise ValueError(
+            f"{name} mixes dense and sparse sequences; give all sequences in "
+            "one format"
+        )
+    widths = {seq.shape[1] for seq in sequences if seq.shape[0] > 0} or {
+        seq.shape[1] for seq in sequences
+    }
+    if len(widths) > 1:
+        raise ValueError(
+            f"all sequences of {name} must have the same number of features, "
+            f"found {sorted(widths)}"
+        )
+    if n_features is not None and widths and widths != {n_features}:
+        raise ValueError(
+            f"{name} has {widths.pop()} features per token, but the estimator "
+            f"was fitted with {n_features} features"
+        )
+    if n_features is not None:
+        # Zero-length dense sequences may carry a placeholder width.
+        sequences = [
+            s if s.shape[0] > 0 or s.shape[1] == n_features
+            else (np.zeros((0, n_features)) if not sp.issparse(s)
+                  else sp.csr_matrix((0, n_features)))
+            for s in sequences
+        ]
+    return sequences, kinds == {"sparse"}
+
+
+def check_sequence_labels(y, lengths, *, name="y"):
+    """Validate a list of per-sequence label arrays against sequence lengths.
+
+    Parameters
+    ----------
+    y : sequence of array-like of shape (T_n,)
+        Labels of every token (strings or integers).
+    lengths : sequence of int
+        Number of tokens of every sequence of the matching ``X``.
+    name : str, default="y"
+        Argument name used in error messages.
+
+    Returns
+    -------
+    labels : list of ndarray of shape (T_n,)
+    """
+    if isinstance(y, str | bytes) or not hasattr(y, "__len__"):
+        raise ValueError(
+            f"{name} must be a list of per-sequence label arrays, got {_describe(y)}"
+        )
+    if len(y) != len(lengths):
+        raise ValueError(
+            f"X and {name} have different numbers of sequences: "
+            f"{len(lengths)} and {len(y)}"
+        )
+    labels = []
+    for i, (seq, length) in enumerate(zip(y, lengths, strict=True)):
+        if isinstance(seq, str | bytes):
+            raise ValueError(
+                f"{name}[{i}] is a single string; give a list of per-token labels"
+            )
+        arr = np.asarray(seq)
+        if arr.ndim == 0:
+            arr = arr.reshape(1)
+        if arr.ndim != 1:
+            raise ValueError(
+                f"{name}[{i}] must be a 1-D array of labels, got shape {arr.shape}"
+            )
+        if arr.shape[0] != length:
+            raise ValueError(
+                f"sequence {i} has {length} tokens in X but {arr.shape[0]} "
+                f"labels in {name}"
+            )
+        if arr.dtype.kind == "f" and arr.size and not np.all(np.isfinite(arr)):
+            raise ValueError(f"{name}[{i}] contains NaN or infinite labels")
+        labels.append(arr)
+    return labels
+
+
+def offsets_from_lengths(lengths):
+    """Start offsets of ragged sequences: ``offsets[n]:offsets[n + 1]``.
+
+    Parameters
+    ----------
+    lengths : array-like of int of shape (n_sequences,)
+
+    Returns
+    -------
+    offsets : ndarray of int64 of shape (n_sequences + 1,)
+    """
+    lengths = np.asarray(lengths, dtype=np.int64)
+    if lengths.ndim != 1 or np.any(lengths < 0):
+        raise ValueError("lengths must be a 1-D array of non-negative integers")
+    offsets = np.zeros(lengths.shape[0] + 1, dtype=np.int64)
+    np.cumsum(lengths, out=offsets[1:])
+    return offsets
+
+
+def stack_sequences(sequences):
+    """Concatenate per-sequence matrices row-wise.
+
+    Parameters
+    ----------
+    sequences : list of ndarray or CSR matrices, as returned by
+        :func:`check_sequence_features`.
+
+    Returns
+    -------
+    stacked : ndarray or CSR matrix of shape (n_tokens, n_features)
+    offsets : ndarray of int64 of shape (n_sequences + 1,)
+    """
+    offsets = offsets_from_lengths([s.shape[0] for s in sequences])
+    if not sequences:
+        return np.zeros((0, 0)), offsets
+    if sp.issparse(sequences[0]):
+        stacked = sp.vstack(sequences, format="csr", dtype=np.float64)
+    else:
+        stacked = np.ascontiguousarray(np.vstack(sequences), dtype=np.float64)
+    return stacked, offsets
+
+
+def split_by_offsets(array, offsets):
+    """Split a stacked array back into per-sequence pieces (views).
+
+    Parameters
+    ----------
+    array : ndarray of shape (n_tokens, ...)
+    offsets : ndarray of int of shape (n_sequences + 1,)
+
+    Returns
+    -------
+    pieces : list of ndarray
+    """
+    return [array[offsets[i] : offsets[i + 1]] for i in range(len(offsets) - 1)]
+
+
+def chunk_slices(lengths, token_budget):
+    """Cut consecutive sequences into chunks of about ``token_budget`` tokens.
+
+    The cut depends only on the lengths and the budget, never on the number
+    of workers, so sums over chunks are reduced in the same order (and give
+    bit-identical results) whatever the parallel backend.
+
+    Parameters
+    ----------
+    lengths : array-like of int of shape (n_sequences,)
+    token_budget : int
+        A chunk is closed as soon as it holds at least this many tokens.
+
+    Returns
+    -------
+    slices : list of slice
+        Consecutive slices over the sequences covering all of them.
+    """
+    if not isinstance(token_budget, numbers.Integral) or token_budget < 1:
+        raise ValueError(
+            f"token_budget must be a positive integer, got {token_budget!r}"
+        )
+    slices = []
+    start, tokens = 0, 0
+    for i, length in enumerate(lengths):
+        tokens += int(length)
+        if tokens >= token_budget:
+            slices.append(slice(start, i + 1))
+            start, tokens = i + 1, 0
+    if start < len(lengths):
+        slices.append(slice(start, len(lengths)))
+    return slices

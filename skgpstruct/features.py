@@ -1,0 +1,597 @@
+"""Feature extraction for sequences: CRF++ templates and token feature dicts.
+
+Both transformers take a list of sequences and return one feature matrix per
+sequence (``scipy.sparse`` CSR, rows are tokens), the ``X`` the estimator
+takes, so they sit in front of it in a :class:`~sklearn.pipeline.Pipeline`
+and are fitted on the training folds only.
+
+:class:`CRFppTemplateVectorizer` expands a CRF++ feature template over token
+rows as :func:`skgpstruct.io.read_conll` returns them;
+:class:`SequenceDictVectorizer` wraps :class:`~sklearn.feature_extraction.
+DictVectorizer` (or :class:`~sklearn.feature_extraction.FeatureHasher`) for
+the lists of token feature dicts that sklearn-crfsuite users already have.
+"""
+
+import os
+import re
+from collections import Counter
+from collections.abc import Mapping
+from numbers import Integral
+
+import numpy as np
+import scipy.sparse as sp
+from sklearn.base import BaseEstimator, TransformerMixin, clone
+from sklearn.feature_extraction import DictVectorizer
+from sklearn.utils._param_validation import HasMethods, Interval
+from sklearn.utils.validation import check_is_fitted
+
+from ._sequences import offsets_from_lengths, split_by_offsets
+
+__all__ = [
+    "CRFppTemplateVectorizer",
+    "SequenceDictVectorizer",
+    "expand_crfpp_template",
+]
+
+# CRF++ (feature_index.cpp) allows rows up to 8 tokens away and renders the
+# positions outside the sequence as _B-1 .. _B-8 (before) and _B+1 .. _B+8
+# (after).
+_MAX_CONTEXT = 8
+_BEFORE = [f"_B-{k}" for k in range(_MAX_CONTEXT, 0, -1)]
+_AFTER = [f"_B+{k}" for k in range(1, _MAX_CONTEXT + 1)]
+_MACRO = re.compile(r"%x\[(-?[0-9]+),([0-9]+)\]")
+
+
+class _TemplateLine:
+    """One ``U``/``B`` line: a format string and its (row, col) macros."""
+
+    __slots__ = ("line_number", "text", "kind", "fmt", "macros", "max_col")
+
+    def __init__(self, line_number, text, kind, fmt, macros):
+        self.line_number = line_number
+        self.text = text
+        self.kind = kind
+        self.fmt = fmt
+        self.macros = macros
+        self.max_col = max((col for _, col in macros), default=-1)
+
+    def describe(self):
+        return f"template line {self.line_number} ({self.text!r})"
+
+
+def _read_template(template):
+    """Template text from text or a path; returns (text, name)."""
+    if isinstance(template, os.PathLike):
+        with open(template, encoding="utf-8") as handle:
+            return handle.read(), os.fspath(template)
+    if not isinstance(template, str):
+        raise TypeError(
+            "template must be the text of a CRF++ template or the path of a "
+            f"template file (str or path-like), got {type(template).__name__}"
+        )
+    if "\n" not in template and os.path.isfile(template):
+        with open(template, encoding="utf-8") as handle:
+            return handle.read(), template
+    return template, None
+
+
+def _parse_template(template):
+    """Parse a CRF++ template into unigram and bigram :class:`_TemplateLine`."""
+    text, name = _read_template(template)
+    where = f" of {name}" if name else ""
+    unigrams, bigrams = [], []
+    for line_number, line in enumerate(text.split("\n"), start=1):
+        line = line.rstrip("\r")
+        if not line.strip() or line.startswith("#"):
+            continue
+        if line[0] not in "UB":
+            hint = ""
+            if name is None and line_number == 1 and "\n" not in text:
+                hint = (
+                    "; if this is a file path, no such file exists "
+                    f"(current directory {os.getcwd()!r})"
+                )
+            raise ValueError(
+                f"template line {line_number}{where}: {line!r} must start with "
+                "'U' (unigram) or 'B' (bigram) or '#' (comment)" + hint
+            )
+        pieces = _MACRO.split(line)
+        # pieces = [literal, row, col, literal, row, col, ..., literal]
+        literals, macros = pieces[0::3], []
+        for row, col in zip(pieces[1::3], pieces[2::3], strict=True):
+            row, col = int(row), int(col)
+            if abs(row) > _MAX_CONTEXT:
+                raise ValueError(
+                    f"template line {line_number}{where}: {line!r} uses row "
+                    f"offset {row}; CRF++ accepts offsets from -{_MAX_CONTEXT} "
+                    f"to {_MAX_CONTEXT}"
+                )
+            macros.append((row, col))
+        for literal in literals:
+            if "%" in literal:
+                raise ValueError(
+                    f"template line {line_number}{where}: {line!r} has a '%' "
+                    "that does not start a macro; macros are written "
+                    "%x[row,col] with an integer row offset and a column "
+                    "index >= 0, e.g. %x[-1,0]"
+                )
+        fmt_parts = []
+        for k, literal in enumerate(literals):
+            fmt_parts.append(literal.replace("{", "{{").replace("}", "}}"))
+            if k < len(macros):
+                fmt_parts.append("{" + str(k) + "}")
+        parsed = _TemplateLine(line_number, line, line[0], "".join(fmt_parts), macros)
+        (unigrams if line[0] == "U" else bigrams).append(parsed)
+    return unigrams, bigrams
+
+
+def _check_token_sequences(X):
+    """Validate a list of sequences of token rows (lists of column strings)."""
+    if isinstance(X, str | bytes) or sp.issparse(X) or not hasattr(X, "__len__"):
+        raise ValueError(
+            "X must be a list of sequences, each a list of token rows (lists "
+            f"of column strings) as read_conll returns, got {type(X).__name__}"
+        )
+    for i, seq in enumerate(X):
+        if isinstance(seq, str | bytes) or not hasattr(seq, "__len__"):
+            raise ValueError(
+                f"X[{i}] must be a sequence of token rows, got "
+                f"{type(seq).__name__}"
+            )
+        for t, row in enumerate(seq):
+            if isinstance(row, str | bytes) or not hasattr(row, "__len__"):
+                raise ValueError(
+                    f"X[{i}][{t}] must be a token row (a list of column "
+                    f"strings), got {type(row).__name__} {row!r}; X must be a "
+                    "list of sequences (wrap a single sequence as [seq])"
+                )
+            for c, value in enumerate(row):
+                if not isinstance(value, str):
+                    raise ValueError(
+                        f"X[{i}][{t}][{c}] must be a str (a column value), got "
+                        f"{type(value).__name__}; X must be the token "
+                        "sequences alone, not the (tokens, labels) pair "
+                        "read_conll returns"
+                    )
+    return X
+
+
+def _check_columns(unigrams, seq, i):
+    """Raise if a template line reads a column a token of ``seq`` lacks."""
+    if not unigrams or len(seq) == 0:
+        return
+    needed = max(line.max_col for line in unigrams)
+    if needed < 0 or min(len(row) for row in seq) > needed:
+        return
+    for t, row in enumerate(seq):
+        for line in unigrams:
+            if line.max_col >= len(row):
+                raise ValueError(
+                    f"{line.describe()} reads column {line.max_col}, but token "
+                    f"{t} of sequence {i} has only {len(row)} column(s) "
+                    "(columns are numbered from 0; the label column is not "
+                    "included)"
+                )
+
+
+def _expand(unigrams, seq):
+    """Feature strings of every unigram line: a list (per line) of T strings."""
+    n_tokens = len(seq)
+    padded = {}
+    for line in unigrams:
+        for _, col in line.macros:
+            if col not in padded:
+                padded[col] = _BEFORE + [row[col] for row in seq] + _AFTER
+    expanded = []
+    for line in unigrams:
+        if not line.macros:
+            expanded.append([line.fmt.format()] * n_tokens)
+            continue
+        args = [
+            padded[col][_MAX_CONTEXT + row : _MAX_CONTEXT + row + n_tokens]
+            for row, col in line.macros
+        ]
+        expanded.append(list(map(line.fmt.format, *args)))
+    return expanded
+
+
+def expand_crfpp_template(template, sequence):
+    """Unigram feature strings of every token, as CRF++ expands a template.
+
+    Every ``U`` line is rendered at every token: each macro ``%x[row,col]``
+    becomes column ``col`` of the token ``row`` positions away, or ``_B-k`` /
+    ``_B+k`` for a position ``k`` tokens before the start / after the end;
+    the rest of the line (including its ``Uxx:`` name) is kept as written.
+
+    Parameters
+    ----------
+    template : str or path-like
+        The template text, or the path of a template file.
+    sequence : list of list of str
+        The token rows of one sequence (``sequence[t][col]``), as one entry
+        of the tokens :func:`skgpstruct.io.read_conll` returns.
+
+    Returns
+    -------
+    features : list of list of str
+        ``features[t]`` holds the feature strings of token ``t``, one per
+        unigram template line in template order.
+
+    Raises
+    ------
+    ValueError
+        On a malformed template line or a column index beyond a token's
+        columns.
+    """
+    unigrams, _ = _parse_template(template)
+    (sequence,) = _check_token_sequences([sequence])
+    _check_columns(unigrams, sequence, 0)
+    expanded = _expand(unigrams, sequence)
+    if not expanded:
+        return [[] for _ in sequence]
+    return [list(strings) for strings in zip(*expanded, strict=True)]
+
+
+class CRFppTemplateVectorizer(
+    TransformerMixin, BaseEstimator, auto_wrap_output_keys=None
+):
+    """Binary features from a CRF++ template, one sparse matrix per sequence.
+
+    Every unigram (``U``) line of the template is expanded at every token as
+    CRF++ does (see :func:`expand_crfpp_template`); each distinct expanded
+    string seen in ``fit`` at least ``min_count`` times becomes one binary
+    feature. Bigram (``B``) lines ask for label transition features, which
+    the estimator models as pairwise potentials: the vectorizer only reports
+    them in ``uses_transitions_`` (macros on ``B`` lines are checked but not
+    expanded).
+
+    Parameters
+    ----------
+    template : str or path-like
+        The CRF++ template: its text, or the path of a template file. A
+        string without a newline that names an existing file is read as a
+        path. Lines ``Uxx:...%x[row,col]...`` and ``Bxx...``; a line that is
+        just ``U`` or ``B`` has no macro (``U`` is then a bias feature);
+        ``#`` comments and blank lines are ignored.
+    min_count : int, default=1
+        Keep features that occur at least this many times (token positions)
+        in the training sequences, as CRF++'s ``-f`` option.
+
+    Attributes
+    ----------
+    vocabulary_ : dict of str to int
+        Feature string -> column index; columns are in sorted string order.
+    uses_transitions_ : bool
+        Whether the template has a ``B`` line, i.e. asks for transition
+        features between neighbouring labels.
+    unigram_templates_ : list of str
+        The ``U`` lines, in template order.
+    transition_templates_ : list of str
+        The ``B`` lines, in template order.
+
+    Examples
+    --------
+    >>> from skgpstruct.features import CRFppTemplateVectorizer
+    >>> X = [[["He", "PRP"], ["reckons", "VBZ"]]]
+    >>> vec = CRFppTemplateVectorizer("U00:%x[-1,0]\\nU01:%x[0,1]\\nB").fit(X)
+    >>> vec.get_feature_names_out().tolist()
+    ['U00:He', 'U00:_B-1', 'U01:PRP', 'U01:VBZ']
+    >>> vec.transform(X)[0].toarray()
+    array([[0., 1., 1., 0.],
+           [1., 0., 0., 1.]])
+    >>> vec.uses_transitions_
+    True
+    """
+
+    _parameter_constraints = {
+        "template": [str, os.PathLike],
+        "min_count": [Interval(Integral, 1, None, closed="left")],
+    }
+
+    def __init__(self, template, *, min_count=1):
+        self.template = template
+        self.min_count = min_count
+
+    def fit(self, X, y=None):
+        """Learn the features of the template that occur in ``X``.
+
+        Parameters
+        ----------
+        X : list of list of list of str
+            Token rows of every sequence (``X[i][t][col]``), as the tokens
+            :func:`skgpstruct.io.read_conll` returns.
+        y : None
+            Ignored; present for the Pipeline API.
+
+        Returns
+        -------
+        self : CRFppTemplateVectorizer
+            The fitted vectorizer.
+        """
+        self._fit(X)
+        return self
+
+    def fit_transform(self, X, y=None):
+        """Fit and return the features of ``X`` (expanding it only once).
+
+        Parameters
+        ----------
+        X : list of list of list of str
+            Token rows of every sequence, as the tokens
+            :func:`skgpstruct.io.read_conll` returns.
+        y : None
+            Ignored; present for the Pipeline API.
+
+        Returns
+        -------
+        Xt : list of scipy.sparse.csr_matrix of shape (T_i, n_features)
+            Binary float64 features of every sequence.
+        """
+        expanded = self._fit(X)
+        return [self._to_matrix(lines, len(seq)) for lines, seq in
+                zip(expanded, X, strict=True)]
+
+    def _fit(self, X):
+        self._validate_params()
+        unigrams, bigrams = _parse_template(self.template)
+        X = _check_token_sequences(X)
+        if len(X) == 0:
+            raise ValueError("X contains no sequences; at least one is required")
+        counts = Counter()
+        expanded = []
+        for i, seq in enumerate(X):
+            _check_columns(unigrams, seq, i)
+            lines = _expand(unigrams, seq)
+            for strings in lines:
+                counts.update(strings)
+            expanded.append(lines)
+        kept = sorted(f for f, n in counts.items() if n >= self.min_count)
+        self.vocabulary_ = {f: k for k, f in enumerate(kept)}
+        self.uses_transitions_ = bool(bigrams)
+        self.unigram_templates_ = [line.text for line in unigrams]
+        self.transition_templates_ = [line.text for line in bigrams]
+        self._unigrams = unigrams
+        return expanded
+
+    def transform(self, X):
+        """Binary template features of every sequence.
+
+        Features not seen in ``fit`` are ignored.
+
+        Parameters
+        ----------
+        X : list of list of list of str
+            Token rows of every sequence, as the tokens
+            :func:`skgpstruct.io.read_conll` returns.
+
+        Returns
+        -------
+        Xt : list of scipy.sparse.csr_matrix of shape (T_i, n_features)
+            Binary float64 features of every sequence.
+        """
+        check_is_fitted(self, "vocabulary_")
+        X = _check_token_sequences(X)
+        out = []
+        for i, seq in enumerate(X):
+            _check_columns(self._unigrams, seq, i)
+            out.append(self._to_matrix(_expand(self._unigrams, seq), len(seq)))
+        return out
+
+    def _to_matrix(self, lines, n_tokens):
+        n_features = len(self.vocabulary_)
+        if not lines or n_tokens == 0:
+            return sp.csr_matrix((n_tokens, n_features), dtype=np.float64)
+        get = self.vocabulary_.get
+        ids = np.array([[get(f, -1) for f in strings] for strings in lines],
+                       dtype=np.int64).T
+        rows = np.broadcast_to(np.arange(n_tokens)[:, None], ids.shape)
+        known = ids >= 0
+        matrix = sp.csr_matrix(
+            (np.ones(int(known.sum())), (rows[known], ids[known])),
+            shape=(n_tokens, n_features),
+            dtype=np.float64,
+        )
+        matrix.sum_duplicates()
+        matrix.data[:] = 1.0  # a line repeated in the template fires once
+        return matrix
+
+    def get_feature_names_out(self, input_features=None):
+        """Feature strings of the output columns.
+
+        Parameters
+        ----------
+        input_features : None
+            Ignored; present for API consistency.
+
+        Returns
+        -------
+        feature_names_out : ndarray of str objects of shape (n_features,)
+        """
+        check_is_fitted(self, "vocabulary_")
+        return np.array(sorted(self.vocabulary_, key=self.vocabulary_.get),
+                        dtype=object)
+
+    def __sklearn_tags__(self):
+        tags = super().__sklearn_tags__()
+        tags.input_tags.two_d_array = False
+        tags.input_tags.string = True
+        tags.requires_fit = True
+        return tags
+
+
+def _check_dict_sequences(X):
+    """Flatten a list of sequences of token dicts; return (dicts, lengths)."""
+    if isinstance(X, str | bytes | Mapping) or not hasattr(X, "__len__"):
+        raise ValueError(
+            "X must be a list of sequences, each a list of token feature dicts, "
+            f"got {type(X).__name__}"
+        )
+    flat, lengths = [], []
+    for i, seq in enumerate(X):
+        if isinstance(seq, str | bytes | Mapping) or not hasattr(seq, "__len__"):
+            raise ValueError(
+                f"X[{i}] must be a sequence of token feature dicts, got "
+                f"{type(seq).__name__}; X must be a list of sequences (wrap a "
+                "single sequence as [seq])"
+            )
+        for t, token in enumerate(seq):
+            if not isinstance(token, Mapping):
+                raise ValueError(
+                    f"X[{i}][{t}] must be a dict of token features (name -> "
+                    f"value), got {type(token).__name__}"
+                )
+        flat.extend(seq)
+        lengths.append(len(seq))
+    return flat, lengths
+
+
+class SequenceDictVectorizer(
+    TransformerMixin, BaseEstimator, auto_wrap_output_keys=None
+):
+    """Token feature dicts -> one feature matrix per sequence.
+
+    The input users of sklearn-crfsuite already have: a list of sequences,
+    each a list of token feature dicts (``{"word.lower()": "the",
+    "postag": "DT", "BOS": True}``). The dicts of all tokens are handed to a
+    :class:`~sklearn.feature_extraction.DictVectorizer` (string values become
+    one-hot ``name=value`` features, numbers and booleans are kept as
+    values) or to any transformer with the same interface, such as
+    :class:`~sklearn.feature_extraction.FeatureHasher`; its output is cut
+    back into sequences.
+
+    Parameters
+    ----------
+    vectorizer : estimator or None, default=None
+        An unfitted transformer taking a list of dicts, cloned in ``fit``;
+        None means ``DictVectorizer()``.
+
+    Attributes
+    ----------
+    vectorizer_ : estimator
+        The fitted clone of ``vectorizer``.
+
+    Examples
+    --------
+    >>> from skgpstruct.features import SequenceDictVectorizer
+    >>> X = [[{"w": "the", "bos": True}, {"w": "cat"}], [{"w": "cat"}]]
+    >>> vec = SequenceDictVectorizer().fit(X)
+    >>> vec.get_feature_names_out().tolist()
+    ['bos', 'w=cat', 'w=the']
+    >>> [m.shape for m in vec.transform(X)]
+    [(2, 3), (1, 3)]
+    """
+
+    _parameter_constraints = {
+        "vectorizer": [HasMethods(["fit", "transform"]), None],
+    }
+
+    def __init__(self, vectorizer=None):
+        self.vectorizer = vectorizer
+
+    def _make_vectorizer(self):
+        self._validate_params()
+        if self.vectorizer is None:
+            return DictVectorizer()
+        return clone(self.vectorizer)
+
+    def fit(self, X, y=None):
+        """Fit the wrapped vectorizer on the dicts of all tokens.
+
+        Parameters
+        ----------
+        X : list of list of dict
+            Token feature dicts of every sequence (``X[i][t]``).
+        y : None
+            Ignored; present for the Pipeline API.
+
+        Returns
+        -------
+        self : SequenceDictVectorizer
+            The fitted vectorizer.
+        """
+        vectorizer = self._make_vectorizer()
+        flat, lengths = _check_dict_sequences(X)
+        if not lengths:
+            raise ValueError("X contains no sequences; at least one is required")
+        self.vectorizer_ = vectorizer.fit(flat)
+        return self
+
+    def fit_transform(self, X, y=None):
+        """Fit the wrapped vectorizer and return the features of ``X``.
+
+        Parameters
+        ----------
+        X : list of list of dict
+            Token feature dicts of every sequence.
+        y : None
+            Ignored; present for the Pipeline API.
+
+        Returns
+        -------
+        Xt : list of sparse matrices (or ndarrays) of shape (T_i, n_features)
+            Features of every sequence, in the wrapped vectorizer's output
+            format (CSR for the default ``DictVectorizer``).
+        """
+        vectorizer = self._make_vectorizer()
+        flat, lengths = _check_dict_sequences(X)
+        if not lengths:
+            raise ValueError("X contains no sequences; at least one is required")
+        stacked = vectorizer.fit_transform(flat)
+        self.vectorizer_ = vectorizer
+        return split_by_offsets(stacked, offsets_from_lengths(lengths))
+
+    def transform(self, X):
+        """Features of every sequence.
+
+        Parameters
+        ----------
+        X : list of list of dict
+            Token feature dicts of every sequence.
+
+        Returns
+        -------
+        Xt : list of sparse matrices (or ndarrays) of shape (T_i, n_features)
+            Features of every sequence, in the wrapped vectorizer's output
+            format (CSR for the default ``DictVectorizer``). Features unseen
+            in ``fit`` are ignored by ``DictVectorizer``.
+        """
+        check_is_fitted(self, "vectorizer_")
+        flat, lengths = _check_dict_sequences(X)
+        if not flat:
+            n_features = len(self.get_feature_names_out()) if hasattr(
+                self.vectorizer_, "get_feature_names_out") else 0
+            return [sp.csr_matrix((0, n_features)) for _ in lengths]
+        stacked = self.vectorizer_.transform(flat)
+        return split_by_offsets(stacked, offsets_from_lengths(lengths))
+
+    def get_feature_names_out(self, input_features=None):
+        """Feature names of the wrapped vectorizer.
+
+        Parameters
+        ----------
+        input_features : None
+            Ignored; present for API consistency.
+
+        Returns
+        -------
+        feature_names_out : ndarray of str objects of shape (n_features,)
+
+        Raises
+        ------
+        AttributeError
+            If the wrapped vectorizer has no feature names (FeatureHasher).
+        """
+        check_is_fitted(self, "vectorizer_")
+        if not hasattr(self.vectorizer_, "get_feature_names_out"):
+            raise AttributeError(
+                f"the wrapped {type(self.vectorizer_).__name__} has no feature "
+                "names (hashed features cannot be named)"
+            )
+        return self.vectorizer_.get_feature_names_out()
+
+    def __sklearn_tags__(self):
+        tags = super().__sklearn_tags__()
+        tags.input_tags.two_d_array = False
+        tags.input_tags.dict = True
+        tags.requires_fit = True
+        return tags

@@ -1,0 +1,301 @@
+"""Read and write CoNLL / CRF++ column files.
+
+The format is the one CRF++ reads: one token per line, columns separated by
+ASCII spaces or tabs (a run of them counts as one separator), the last column
+the label, and a blank line between sequences. Every token line of a file has
+the same number of columns.
+
+:func:`read_conll` reads a path or an open file, :func:`parse_conll` a string;
+:func:`write_conll` and :func:`format_conll` write tokens back with one or
+more label columns (e.g. the gold labels and the predicted ones, the layout
+the CoNLL ``conlleval`` script reads).
+"""
+
+import io
+import os
+import re
+
+import numpy as np
+
+__all__ = ["read_conll", "parse_conll", "write_conll", "format_conll"]
+
+# CRF++ splits columns on ASCII spaces and tabs only; other Unicode spaces
+# (e.g. U+3000 in the Japanese data) are token characters.
+_SEPARATORS = re.compile(r"[ \t]+")
+_BLANKS = " \t\r"
+
+
+def read_conll(source, encoding="utf-8"):
+    """Read a CoNLL / CRF++ file into token rows and labels.
+
+    Parameters
+    ----------
+    source : str, path-like or file object
+        Path of the file, or a file object open for reading in text or binary
+        mode. A string is always taken as a path; use :func:`parse_conll` for
+        text.
+    encoding : str, default="utf-8"
+        Encoding used to decode the file (and a binary file object). The
+        Japanese data shipped with CRF++ needs ``"euc-jp"``. Ignored for a
+        file object open in text mode, which decodes with its own encoding.
+
+    Returns
+    -------
+    tokens : list of list of list of str
+        ``tokens[i][t]`` is the list of column strings of token ``t`` of
+        sequence ``i``, without the label column; every token has
+        ``n_columns - 1`` columns.
+    labels : list of list of str
+        ``labels[i]`` holds the ``T_i`` labels of sequence ``i``.
+
+    Raises
+    ------
+    ValueError
+        If the file holds no token, if lines have different numbers of
+        columns, or if it cannot be decoded with ``encoding``; the message
+        names the file and the line.
+    FileNotFoundError
+        If ``source`` is a path that does not exist.
+    """
+    if isinstance(source, str | bytes | os.PathLike):
+        name = os.fsdecode(source)
+        with open(source, "rb") as handle:
+            data = handle.read()
+        return _parse(_decode(data, encoding, name), name)
+    if not hasattr(source, "read"):
+        raise TypeError(
+            "source must be a path (str or path-like) or a file object open "
+            f"for reading, got {type(source).__name__}"
+        )
+    name = str(getattr(source, "name", "<file>"))
+    try:
+        data = source.read()
+    except UnicodeDecodeError as exc:
+        raise ValueError(
+            f"{name}: cannot decode the file with the encoding it was opened "
+            f"with ({getattr(source, 'encoding', 'unknown')!r}): {exc}; open it "
+            "with the right encoding, or in binary mode and pass encoding="
+        ) from None
+    if isinstance(data, bytes):
+        data = _decode(data, encoding, name)
+    return _parse(data, name)
+
+
+def parse_conll(text, *, source="<string>"):
+    """Parse CoNLL / CRF++ formatted text.
+
+    Parameters
+    ----------
+    text : str
+        The content of a CoNLL / CRF++ file.
+    source : str, default="<string>"
+        Name used for the text in error messages.
+
+    Returns
+    -------
+    tokens : list of list of list of str
+        Token rows (without the label column) of every sequence, as in
+        :func:`read_conll`.
+    labels : list of list of str
+        Labels of every sequence.
+
+    Raises
+    ------
+    ValueError
+        If the text holds no token or if lines have different numbers of
+        columns (the message names the line).
+    """
+    if not isinstance(text, str):
+        raise TypeError(
+            f"text must be a str, got {type(text).__name__}; use read_conll "
+            "for paths and file objects"
+        )
+    return _parse(text, source)
+
+
+def _decode(data, encoding, name):
+    try:
+        return data.decode(encoding)
+    except LookupError:
+        raise ValueError(
+            f"encoding={encoding!r} is not a known codec; give a Python codec "
+            "name such as 'utf-8' or 'euc-jp'"
+        ) from None
+    except UnicodeDecodeError as exc:
+        line = data.count(b"\n", 0, exc.start) + 1
+        column = exc.start - (data.rfind(b"\n", 0, exc.start) + 1) + 1
+        bad = data[exc.start : exc.end].hex(" ")
+        raise ValueError(
+            f"{name}, line {line}: cannot decode byte(s) {bad} at byte column "
+            f"{column} with encoding {encoding!r} ({exc.reason}); pass the "
+            "file's encoding, e.g. encoding='euc-jp' for CRF++'s JapaneseNE "
+            "data"
+        ) from None
+
+
+def _parse(text, name):
+    tokens, labels = [], []
+    seq_tokens, seq_labels = [], []
+    n_columns = None
+    first_line = None
+    for line_number, line in enumerate(text.split("\n"), start=1):
+        line = line.strip(_BLANKS)
+        if not line:
+            if seq_labels:
+                tokens.append(seq_tokens)
+                labels.append(seq_labels)
+                seq_tokens, seq_labels = [], []
+            continue
+        columns = _SEPARATORS.split(line)
+        if n_columns is None:
+            n_columns, first_line = len(columns), line_number
+        elif len(columns) != n_columns:
+            raise ValueError(
+                f"{name}, line {line_number}: found {len(columns)} column(s), "
+                f"but line {first_line} has {n_columns}; every token line "
+                "needs the same columns (separated by spaces or tabs), the "
+                "last one the label"
+            )
+        seq_labels.append(columns.pop())
+        seq_tokens.append(columns)
+    if seq_labels:
+        tokens.append(seq_tokens)
+        labels.append(seq_labels)
+    if not labels:
+        raise ValueError(
+            f"{name}: the file is empty (no token line); expected one token "
+            "per line with the label in the last column, and blank lines "
+            "between sequences"
+        )
+    return tokens, labels
+
+
+def format_conll(tokens, labels, *more_labels, sep=" "):
+    """Format token rows and label columns as CoNLL / CRF++ text.
+
+    Parameters
+    ----------
+    tokens : list of list of list of str
+        Token rows of every sequence (``tokens[i][t]`` the columns of token
+        ``t`` of sequence ``i``), as returned by :func:`read_conll`. Rows may
+        be empty (only label columns are written then).
+    labels : list of array-like of shape (T_i,)
+        Labels of every sequence, written as the first label column.
+    *more_labels : list of array-like of shape (T_i,)
+        Further label columns, e.g. predicted labels after the gold ones (the
+        order the ``conlleval`` script expects).
+    sep : {" ", "\\t"}, default=" "
+        Column separator.
+
+    Returns
+    -------
+    text : str
+        One line per token, a blank line after every sequence.
+
+    Raises
+    ------
+    ValueError
+        If the numbers of sequences or tokens do not match, if a sequence is
+        empty (it could not be read back) or if a value is empty or contains
+        whitespace.
+    """
+    if sep not in (" ", "\t"):
+        raise ValueError(f"sep must be ' ' or '\\t', got {sep!r}")
+    columns = [("labels", labels)] + [
+        (f"more_labels[{k}]", extra) for k, extra in enumerate(more_labels)
+    ]
+    for arg, value in [("tokens", tokens), *columns]:
+        if isinstance(value, str | bytes) or not hasattr(value, "__len__"):
+            raise ValueError(
+                f"{arg} must be a list with one entry per sequence, got "
+                f"{type(value).__name__}"
+            )
+        if len(value) != len(tokens):
+            raise ValueError(
+                f"tokens has {len(tokens)} sequences but {arg} has {len(value)}"
+            )
+    out = io.StringIO()
+    for i, rows in enumerate(tokens):
+        if len(rows) == 0:
+            raise ValueError(
+                f"tokens[{i}] is an empty sequence; it cannot be written (a "
+                "CoNLL file has no way to represent it)"
+            )
+        label_columns = []
+        for arg, value in columns:
+            seq = value[i]
+            if isinstance(seq, str | bytes):
+                raise ValueError(
+                    f"{arg}[{i}] is a single string; give a list of labels"
+                )
+            seq = np.asarray(seq, dtype=object).reshape(-1).tolist()
+            if len(seq) != len(rows):
+                raise ValueError(
+                    f"sequence {i} has {len(rows)} tokens but {len(seq)} "
+                    f"labels in {arg}"
+                )
+            label_columns.append(seq)
+        for t, row in enumerate(rows):
+            if isinstance(row, str | bytes):
+                raise ValueError(
+                    f"tokens[{i}][{t}] is a string; each token must be a list "
+                    "of column strings"
+                )
+            fields = [str(v) for v in row] + [str(col[t]) for col in label_columns]
+            for value in fields:
+                if not value or any(c in value for c in " \t\r\n"):
+                    raise ValueError(
+                        f"sequence {i}, token {t}: value {value!r} is empty or "
+                        "contains whitespace, which the format uses as a "
+                        "separator"
+                    )
+            out.write(sep.join(fields))
+            out.write("\n")
+        out.write("\n")
+    return out.getvalue()
+
+
+def write_conll(target, tokens, labels, *more_labels, sep=" ", encoding="utf-8"):
+    """Write token rows and label columns to a CoNLL / CRF++ file.
+
+    Parameters
+    ----------
+    target : str, path-like or file object
+        Path of the file to (over)write, or a file object open for writing in
+        text or binary mode.
+    tokens : list of list of list of str
+        Token rows of every sequence, as returned by :func:`read_conll`.
+    labels : list of array-like of shape (T_i,)
+        Labels of every sequence (the first label column).
+    *more_labels : list of array-like of shape (T_i,)
+        Further label columns, e.g. predicted labels after the gold ones.
+    sep : {" ", "\\t"}, default=" "
+        Column separator.
+    encoding : str, default="utf-8"
+        Encoding of the written file (or of a binary file object).
+
+    Returns
+    -------
+    None
+
+    Raises
+    ------
+    ValueError
+        As :func:`format_conll`.
+    """
+    text = format_conll(tokens, labels, *more_labels, sep=sep)
+    if isinstance(target, str | bytes | os.PathLike):
+        with open(target, "w", encoding=encoding, newline="\n") as handle:
+            handle.write(text)
+        return
+    if not hasattr(target, "write"):
+        raise TypeError(
+            "target must be a path (str or path-like) or a file object open "
+            f"for writing, got {type(target).__name__}"
+        )
+    if isinstance(target, io.TextIOBase):
+        target.write(text)
+    elif isinstance(target, io.RawIOBase | io.BufferedIOBase):
+        target.write(text.encode(encoding))
+    else:
+        target.write(text)

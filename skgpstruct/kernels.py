@@ -1,0 +1,1095 @@
+"""Covariance functions on dense and sparse token features, with gradients.
+
+Every kernel here works on float64 ndarrays and, except :class:`SklearnKernel`
+and the ARD variant of :class:`RBFKernel`, on ``scipy.sparse`` CSR matrices
+whose rows are tokens (CRF++ indicator features reach 100,000 columns and
+more). Sparse inputs are never densified: inner products come from sparse
+matrix products and squared distances from those products and the row norms,
+``||x - y||^2 = ||x||^2 + ||y||^2 - 2 x.y``. Kernel matrices are always
+returned dense, of shape ``(n_X, n_Y)``.
+
+Hyperparameters follow :mod:`sklearn.gaussian_process.kernels`: they are
+constructor arguments, their bounds are constructor arguments named
+``<name>_bounds`` (a pair ``(low, high)``, or ``"fixed"`` to freeze them), and
+an optimiser sees the logarithms of the free ones as ``theta`` with
+log-space ``bounds``. Gradients are exposed only as vector-Jacobian
+products, :meth:`Kernel.gradient_vjp` and :meth:`Kernel.diag_gradient_vjp`,
+so no ``(n_X, n_Y, n_theta)`` tensor is ever formed by the built-in kernels.
+
+Inputs are assumed finite: the sequence validation helper
+(:func:`skgpstruct._sequences.check_sequence_features`) checks that once per
+fit, and the kernels, called per chunk and per iteration, do not repeat it.
+"""
+
+import abc
+import copy
+import inspect
+import numbers
+from typing import NamedTuple
+
+import numpy as np
+import scipy.sparse as sp
+from sklearn.gaussian_process import kernels as sk_kernels
+
+__all__ = [
+    "Kernel",
+    "LinearKernel",
+    "RBFKernel",
+    "SklearnKernel",
+    "KERNELS",
+    "get_kernel",
+    "check_kernel",
+]
+
+# Memory budget for the (n, n, n_theta) gradient tensors that scikit-learn
+# kernels build in ``SklearnKernel``; inputs are cut into blocks to stay below.
+_SKLEARN_GRADIENT_BYTES = 32 * 2**20
+# Rows per block when ``SklearnKernel`` differentiates a diagonal.
+_SKLEARN_DIAG_BLOCK_ROWS = 256
+
+
+# --------------------------------------------------------------------------
+# Input handling
+# --------------------------------------------------------------------------
+
+
+def _as_features(X, name):
+    """Return ``X`` as a float64 ndarray or a canonical float64 CSR matrix.
+
+    Already-conforming inputs are returned as they are (no copy).
+    """
+    if sp.issparse(X):
+        if X.format != "csr":
+            X = X.tocsr()
+        if X.dtype != np.float64:
+            X = X.astype(np.float64)
+        if not X.has_canonical_format:
+            # Duplicate entries would corrupt the row norms. This copies on
+            # every call: pass canonical CSR (``X.sum_duplicates()``, as
+            # ``check_sequence_features`` does) on hot paths.
+            X = X.copy()
+            X.sum_duplicates()
+    else:
+        X = np.asarray(X, dtype=np.float64)
+    if X.ndim != 2:
+        raise ValueError(
+            f"{name} must be a 2-D matrix of shape (n_tokens, n_features), got "
+            f"an array with {X.ndim} dimension(s)"
+        )
+    return X
+
+
+def _check_inputs(X, Y):
+    """Validate ``X`` and (optional) ``Y`` for a kernel evaluation."""
+    X = _as_features(X, "X")
+    if Y is None:
+        return X, None
+    Y = _as_features(Y, "Y")
+    if X.shape[1] != Y.shape[1]:
+        raise ValueError(
+            f"X and Y must have the same number of features (columns), got "
+            f"X with {X.shape[1]} and Y with {Y.shape[1]}"
+        )
+    return X, Y
+
+
+def _check_weights(weights, shape, name):
+    weights = np.asarray(weights, dtype=np.float64)
+    if weights.shape != shape:
+        raise ValueError(
+            f"{name} must have shape {shape} (that of the kernel matrix it "
+            f"weights), got shape {weights.shape}"
+        )
+    return weights
+
+
+def _inner_products(X, Y):
+    """Dense ``X @ Y.T`` for any mix of dense and CSR inputs (``Y=None``: X).
+
+    With ``Y=None`` the result is exactly symmetric.
+    """
+    if Y is None:
+        gram = X @ X.T
+        if sp.issparse(gram):
+            gram = gram.toarray()
+        # A product may round (i, j) and (j, i) differently; O(n^2) to fix.
+        gram += gram.T
+        gram *= 0.5
+        return gram
+    if sp.issparse(X):
+        gram = X @ Y.T
+    elif sp.issparse(Y):
+        gram = (Y @ X.T).T
+    else:
+        return X @ Y.T
+    if sp.issparse(gram):
+        gram = gram.toarray()
+    return np.ascontiguousarray(gram)
+
+
+def _row_sq_norms(X):
+    """Squared Euclidean norm of every row, shape (n_rows,)."""
+    if sp.issparse(X):
+        # Canonical CSR (no duplicate entries): sum the squared stored values.
+        rows = np.repeat(np.arange(X.shape[0]), np.diff(X.indptr))
+        norms = np.bincount(rows, weights=np.square(X.data), minlength=X.shape[0])
+        return norms.astype(np.float64, copy=False)  # int64 when X.nnz == 0
+    return np.einsum("ij,ij->i", X, X)
+
+
+def _sq_distances(X, Y):
+    """Squared Euclidean distances between rows, shape (n_X, n_Y).
+
+    Computed from inner products and row norms, clipped at zero; with
+    ``Y=None`` the result is symmetric with an exactly zero diagonal.
+    """
+    gram = _inner_products(X, Y)
+    norms_x = _row_sq_norms(X)
+    norms_y = norms_x if Y is None else _row_sq_norms(Y)
+    # Outer sum first: it is exactly symmetric when Y is None, and so is gram.
+    d2 = norms_x[:, None] + norms_y[None, :]
+    gram *= 2.0
+    d2 -= gram
+    np.maximum(d2, 0.0, out=d2)
+    if Y is None:
+        np.fill_diagonal(d2, 0.0)
+    return d2
+
+
+# --------------------------------------------------------------------------
+# Hyperparameter helpers
+# --------------------------------------------------------------------------
+
+
+class _Hyperparameter(NamedTuple):
+    """One hyperparameter of a kernel, as seen by the optimiser.
+
+    ``value`` has shape (n_elements,) and holds the natural-scale values;
+    ``bounds`` has shape (n_elements, 2) (natural scale) or is None when the
+    hyperparameter is fixed; ``scalar`` says whether the constructor argument
+    is a scalar (as opposed to an array, for ARD length scales).
+    """
+
+    name: str
+    value: np.ndarray
+    bounds: np.ndarray | None
+    scalar: bool
+
+
+def _is_fixed(bounds):
+    return isinstance(bounds, str) and bounds == "fixed"
+
+
+def _check_bounds(bounds, name, n_elements):
+    """Parse ``<name>_bounds``: None for "fixed", else (n_elements, 2) array."""
+    if isinstance(bounds, str):
+        if bounds == "fixed":
+            return None
+        raise ValueError(
+            f"{name}_bounds must be 'fixed' or a pair (low, high), got {bounds!r}"
+        )
+    try:
+        arr = np.asarray(bounds, dtype=np.float64)
+    except (TypeError, ValueError):
+        arr = None
+    if arr is not None and arr.shape == (2,):
+        arr = np.tile(arr, (n_elements, 1))
+    if arr is None or arr.shape != (n_elements, 2):
+        expected = "a pair (low, high)"
+        if n_elements > 1:
+            expected += f" or an array of shape ({n_elements}, 2)"
+        raise ValueError(
+            f"{name}_bounds must be 'fixed' or {expected}, got {bounds!r}"
+        )
+    if not (
+        np.all(np.isfinite(arr)) and np.all(arr[:, 0] > 0) and
+        np.all(arr[:, 0] <= arr[:, 1])
+    ):
+        raise ValueError(
+            f"{name}_bounds must satisfy 0 < low <= high with finite values "
+            f"(they are used in log space), got {bounds!r}"
+        )
+    return arr
+
+
+def _check_positive(value, name, *, allow_zero=False):
+    """Validate a scalar hyperparameter value and return it as a float."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        # Accept 0-d arrays, reject everything else.
+        arr = np.asarray(value)
+        if arr.ndim != 0 or not np.issubdtype(arr.dtype, np.number):
+            raise ValueError(f"{name} must be a real number, got {value!r}")
+        value = arr.item()
+    value = float(value)
+    ok = value >= 0 if allow_zero else value > 0
+    if not (np.isfinite(value) and ok):
+        relation = ">= 0" if allow_zero else "> 0"
+        raise ValueError(f"{name} must be finite and {relation}, got {value!r}")
+    return value
+
+
+def _format_value(value):
+    if isinstance(value, str):
+        return repr(value)
+    if isinstance(value, numbers.Real) and not isinstance(value, bool):
+        return f"{value:.4g}"
+    if isinstance(value, np.ndarray | list | tuple):
+        items = ", ".join(_format_value(v) for v in value)
+        return f"({items})" if isinstance(value, tuple) else f"[{items}]"
+    return repr(value)
+
+
+def _same_value(a, b):
+    if isinstance(a, str) or isinstance(b, str):
+        return isinstance(a, str) and isinstance(b, str) and a == b
+    try:
+        return np.array_equal(np.asarray(a), np.asarray(b))
+    except (TypeError, ValueError):
+        return False
+
+
+# --------------------------------------------------------------------------
+# Base class
+# --------------------------------------------------------------------------
+
+
+class Kernel(abc.ABC):
+    """Base class of the covariance functions used by skgpstruct.
+
+    Public methods validate their inputs and call private methods that
+    subclasses implement: ``_call``, ``_diag``, ``_gradient_vjp``,
+    ``_diag_gradient_vjp`` and ``_hyperparameters`` (the list of
+    hyperparameters with their values and bounds), plus
+    ``_set_hyperparameter``. Constructor arguments are the parameters of
+    :meth:`get_params` / :meth:`set_params`, so :func:`sklearn.base.clone`
+    works on an estimator holding a kernel.
+    """
+
+    # ---- scikit-learn style parameters -----------------------------------
+
+    @classmethod
+    def _get_param_names(cls):
+        signature = inspect.signature(cls.__init__)
+        names = []
+        for parameter in signature.parameters.values():
+            if parameter.name == "self":
+                continue
+            if parameter.kind in (parameter.VAR_POSITIONAL, parameter.VAR_KEYWORD):
+                raise RuntimeError(
+                    f"{cls.__name__}.__init__ must not take *args or **kwargs"
+                )
+            names.append(parameter.name)
+        return sorted(names)
+
+    def get_params(self, deep=True):
+        """Get the constructor parameters of this kernel.
+
+        Parameters
+        ----------
+        deep : bool, default=True
+            If True, also return the parameters of nested objects (such as the
+            scikit-learn kernel of :class:`SklearnKernel`) as
+            ``<param>__<nested_param>``.
+
+        Returns
+        -------
+        params : dict
+            Parameter names mapped to their values.
+        """
+        params = {}
+        for name in self._get_param_names():
+            value = getattr(self, name)
+            if deep and hasattr(value, "get_params") and not isinstance(value, type):
+                for key, sub_value in value.get_params(deep=True).items():
+                    params[f"{name}__{key}"] = sub_value
+            params[name] = value
+        return params
+
+    def set_params(self, **params):
+        """Set the constructor parameters of this kernel.
+
+        Parameters
+        ----------
+        **params : dict
+            Parameter names (``<param>__<nested_param>`` for nested objects)
+            mapped to new values.
+
+        Returns
+        -------
+        self : Kernel
+            This kernel, modified in place.
+        """
+        if not params:
+            return self
+        valid = self.get_params(deep=True)
+        nested = {}
+        for key, value in params.items():
+            name, delim, sub_key = key.partition("__")
+            if name not in valid:
+                raise ValueError(
+                    f"invalid parameter {name!r} for kernel {type(self).__name__}; "
+                    f"valid parameters are {self._get_param_names()}"
+                )
+            if delim:
+                nested.setdefault(name, {})[sub_key] = value
+            else:
+                setattr(self, name, value)
+                valid[name] = value
+        for name, sub_params in nested.items():
+            valid[name].set_params(**sub_params)
+        return self
+
+    def __repr__(self):
+        signature = inspect.signature(type(self).__init__)
+        parts = []
+        for name in self._get_param_names():
+            value = getattr(self, name)
+            default = signature.parameters[name].default
+            is_bounds = name.endswith("_bounds")
+            if is_bounds and _same_value(value, default):
+                continue
+            parts.append((is_bounds, name, f"{name}={_format_value(value)}"))
+        # Hyperparameter values first, in constructor order, then bounds.
+        order = list(signature.parameters)
+        parts.sort(key=lambda p: (p[0], order.index(p[1])))
+        return f"{type(self).__name__}({', '.join(p[2] for p in parts)})"
+
+    # ---- hyperparameters ---------------------------------------------------
+
+    @abc.abstractmethod
+    def _hyperparameters(self):
+        """List of :class:`_Hyperparameter`, validated, in theta order."""
+
+    @abc.abstractmethod
+    def _set_hyperparameter(self, name, value):
+        """Set one hyperparameter (natural scale, float or 1-D array)."""
+
+    def _free_hyperparameters(self):
+        return [h for h in self._hyperparameters() if h.bounds is not None]
+
+    @property
+    def theta(self):
+        """Log of the free (non-fixed) hyperparameters.
+
+        Returns
+        -------
+        theta : ndarray of shape (n_dims,)
+            Concatenated natural logarithms of the free hyperparameters, in the
+            order of :attr:`hyperparameter_names`. Assigning to it sets the
+            hyperparameters from their logarithms (fixed ones are untouched).
+        """
+        free = [np.log(h.value) for h in self._free_hyperparameters()]
+        return np.concatenate(free) if free else np.empty(0)
+
+    @theta.setter
+    def theta(self, theta):
+        theta = np.asarray(theta, dtype=np.float64)
+        free = self._free_hyperparameters()
+        n_dims = sum(h.value.size for h in free)
+        if theta.shape != (n_dims,):
+            raise ValueError(
+                f"theta must have shape ({n_dims},) for {self!r} (free "
+                f"hyperparameters {self.hyperparameter_names}), got shape "
+                f"{theta.shape}"
+            )
+        if not np.all(np.isfinite(theta)):
+            raise ValueError(f"theta must be finite, got {theta}")
+        start = 0
+        for h in free:
+            values = np.exp(theta[start:start + h.value.size])
+            start += h.value.size
+            self._set_hyperparameter(h.name, float(values[0]) if h.scalar else values)
+
+    @property
+    def bounds(self):
+        """Log-space bounds of the free hyperparameters.
+
+        Returns
+        -------
+        bounds : ndarray of shape (n_dims, 2)
+            Row ``i`` holds ``(log low, log high)`` for ``theta[i]``.
+        """
+        rows = [np.log(h.bounds) for h in self._free_hyperparameters()]
+        return np.vstack(rows) if rows else np.empty((0, 2))
+
+    @property
+    def hyperparameter_names(self):
+        """Names of the free hyperparameters, one per entry of :attr:`theta`.
+
+        Returns
+        -------
+        names : list of str
+            Scalar hyperparameters appear under their constructor name; an
+            array-valued one (ARD length scales) contributes ``name[i]`` for
+            each of its elements.
+        """
+        names = []
+        for h in self._hyperparameters():
+            if h.bounds is None:
+                continue
+            if h.scalar:
+                names.append(h.name)
+            else:
+                names.extend(f"{h.name}[{i}]" for i in range(h.value.size))
+        return names
+
+    @property
+    def n_dims(self):
+        """Number of free hyperparameters, ``len(self.theta)``."""
+        return len(self.theta)
+
+    def clone_with_theta(self, theta):
+        """Return a copy of this kernel with the given log hyperparameters.
+
+        Parameters
+        ----------
+        theta : array-like of shape (n_dims,)
+            Log of the free hyperparameters.
+
+        Returns
+        -------
+        kernel : Kernel
+            A new kernel; ``self`` is unchanged.
+        """
+        cloned = copy.deepcopy(self)
+        cloned.theta = theta
+        return cloned
+
+    def _free_flags(self):
+        """Whether each hyperparameter is free, in ``_hyperparameters`` order."""
+        return [h.bounds is not None for h in self._hyperparameters()]
+
+    # ---- evaluation ----------------------------------------------------------
+
+    def __call__(self, X, Y=None):
+        """Kernel matrix between the rows of ``X`` and ``Y``.
+
+        Parameters
+        ----------
+        X : ndarray or sparse matrix of shape (n_X, n_features)
+            Left inputs, one row per token. CSR float64 is used as is; other
+            sparse formats and dtypes are converted once.
+        Y : ndarray or sparse matrix of shape (n_Y, n_features), default=None
+            Right inputs. If None, ``Y = X`` and the result is exactly
+            symmetric.
+
+        Returns
+        -------
+        K : ndarray of shape (n_X, n_Y)
+            Dense kernel matrix (``n_Y = n_X`` when ``Y`` is None).
+        """
+        X, Y = _check_inputs(X, Y)
+        return self._call(X, Y)
+
+    def diag(self, X):
+        """Diagonal of the kernel matrix ``self(X)``, computed without it.
+
+        Parameters
+        ----------
+        X : ndarray or sparse matrix of shape (n_X, n_features)
+            Inputs, one row per token.
+
+        Returns
+        -------
+        k_diag : ndarray of shape (n_X,)
+            ``k(x_i, x_i)`` for every row.
+        """
+        X, _ = _check_inputs(X, None)
+        return self._diag(X)
+
+    def gradient_vjp(self, X, Y, G):
+        """Gradient of ``sum(G * self(X, Y))`` with respect to :attr:`theta`.
+
+        This is the vector-Jacobian product of the kernel matrix with ``G``;
+        the ``(n_X, n_Y, n_dims)`` Jacobian itself is not formed.
+
+        Parameters
+        ----------
+        X : ndarray or sparse matrix of shape (n_X, n_features)
+            Left inputs.
+        Y : ndarray or sparse matrix of shape (n_Y, n_features) or None
+            Right inputs; None means ``Y = X``.
+        G : array-like of shape (n_X, n_Y)
+            Weights, typically the gradient of an objective with respect to
+            the kernel matrix.
+
+        Returns
+        -------
+        grad : ndarray of shape (n_dims,)
+            ``d/dtheta sum_ij G_ij k(x_i, y_j)``, in :attr:`theta` order.
+        """
+        X, Y = _check_inputs(X, Y)
+        n_y = X.shape[0] if Y is None else Y.shape[0]
+        G = _check_weights(G, (X.shape[0], n_y), "G")
+        if self.n_dims == 0:
+            return np.empty(0)
+        return self._gradient_vjp(X, Y, G)
+
+    def diag_gradient_vjp(self, X, g):
+        """Gradient of ``sum(g * self.diag(X))`` with respect to :attr:`theta`.
+
+        Parameters
+        ----------
+        X : ndarray or sparse matrix of shape (n_X, n_features)
+            Inputs.
+        g : array-like of shape (n_X,)
+            Weights of the diagonal entries.
+
+        Returns
+        -------
+        grad : ndarray of shape (n_dims,)
+            ``d/dtheta sum_i g_i k(x_i, x_i)``, in :attr:`theta` order.
+        """
+        X, _ = _check_inputs(X, None)
+        g = _check_weights(g, (X.shape[0],), "g")
+        if self.n_dims == 0:
+            return np.empty(0)
+        return self._diag_gradient_vjp(X, g)
+
+    @abc.abstractmethod
+    def _call(self, X, Y):
+        """Kernel matrix on validated inputs (``Y`` may be None)."""
+
+    @abc.abstractmethod
+    def _diag(self, X):
+        """Diagonal on validated inputs."""
+
+    @abc.abstractmethod
+    def _gradient_vjp(self, X, Y, G):
+        """VJP on validated inputs; ``Y`` may be None; returns (n_dims,)."""
+
+    @abc.abstractmethod
+    def _diag_gradient_vjp(self, X, g):
+        """Diagonal VJP on validated inputs; returns (n_dims,)."""
+
+
+def _select_free(gradients, free):
+    """Concatenate the gradients of the free hyperparameters."""
+    parts = [np.atleast_1d(gr) for gr, f in zip(gradients, free, strict=True) if f]
+    return np.concatenate(parts) if parts else np.empty(0)
+
+
+# --------------------------------------------------------------------------
+# Linear kernel
+# --------------------------------------------------------------------------
+
+
+class LinearKernel(Kernel):
+    r"""Linear (dot-product) kernel with a bias.
+
+    .. math:: k(x, x') = \sigma^2 (x \cdot x' + b)
+
+    With it, each label's latent function is ``f_j(x) = w_j . x + c_j`` with
+    Gaussian priors ``w_j ~ N(0, variance I)`` and ``c_j ~ N(0, variance *
+    bias)``: a Bayesian linear-chain CRF whose L2 strength (and offset prior)
+    is learned from the ELBO. A bias > 0 gives every label a learnable offset.
+
+    Parameters
+    ----------
+    variance : float, default=1.0
+        Prior variance of the weights, ``sigma^2 > 0``.
+    bias : float, default=1.0
+        Offset term ``b``; must be > 0 when learned, may be 0 when
+        ``bias_bounds="fixed"`` (a homogeneous linear kernel).
+    variance_bounds : pair of float or "fixed", default=(1e-5, 1e5)
+        Bounds ``(low, high)`` of ``variance`` (natural scale), or "fixed" to
+        leave it out of :attr:`theta`.
+    bias_bounds : pair of float or "fixed", default=(1e-5, 1e5)
+        Bounds of ``bias``, or "fixed".
+
+    Notes
+    -----
+    ``theta = [log variance, log bias]`` (free ones only). Cost of
+    ``K(X, Y)``: one (sparse) matrix product, ``O(n_X n_Y D)`` dense or about
+    ``O(nnz(X) * nnz per column of Y)`` sparse.
+    """
+
+    def __init__(
+        self,
+        variance=1.0,
+        bias=1.0,
+        variance_bounds=(1e-5, 1e5),
+        bias_bounds=(1e-5, 1e5),
+    ):
+        self.variance = variance
+        self.bias = bias
+        self.variance_bounds = variance_bounds
+        self.bias_bounds = bias_bounds
+
+    def _values(self):
+        variance = _check_positive(self.variance, "variance")
+        bias = _check_positive(
+            self.bias, "bias", allow_zero=_is_fixed(self.bias_bounds)
+        )
+        return variance, bias
+
+    def _hyperparameters(self):
+        variance, bias = self._values()
+        return [
+            _Hyperparameter(
+                "variance", np.array([variance]),
+                _check_bounds(self.variance_bounds, "variance", 1), True,
+            ),
+            _Hyperparameter(
+                "bias", np.array([bias]),
+                _check_bounds(self.bias_bounds, "bias", 1), True,
+            ),
+        ]
+
+    def _set_hyperparameter(self, name, value):
+        setattr(self, name, value)
+
+    def _call(self, X, Y):
+        variance, bias = self._values()
+        K = _inner_products(X, Y)
+        K += bias
+        K *= variance
+        return K
+
+    def _diag(self, X):
+        variance, bias = self._values()
+        return variance * (_row_sq_norms(X) + bias)
+
+    def _gradient_vjp(self, X, Y, G):
+        variance, bias = self._values()
+        free_v, free_b = self._free_flags()
+        # dK/dlog(variance) = K; dK/dlog(bias) = variance * bias (constant).
+        grad_v = 0.0
+        if free_v:
+            gram = _inner_products(X, Y)
+            grad_v = variance * (np.vdot(G, gram) + bias * G.sum())
+        grad_b = variance * bias * G.sum() if free_b else 0.0
+        return _select_free([grad_v, grad_b], [free_v, free_b])
+
+    def _diag_gradient_vjp(self, X, g):
+        variance, bias = self._values()
+        free_v, free_b = self._free_flags()
+        grad_v = variance * (g @ _row_sq_norms(X) + bias * g.sum()) if free_v else 0.0
+        grad_b = variance * bias * g.sum() if free_b else 0.0
+        return _select_free([grad_v, grad_b], [free_v, free_b])
+
+
+# --------------------------------------------------------------------------
+# RBF kernel
+# --------------------------------------------------------------------------
+
+
+class RBFKernel(Kernel):
+    r"""Squared-exponential (RBF) kernel.
+
+    .. math:: k(x, x') = \sigma^2 \exp\left(-\frac{\|x - x'\|^2}{2 \ell^2}\right)
+
+    Parameters
+    ----------
+    variance : float, default=1.0
+        Signal variance ``sigma^2 > 0``; ``k(x, x) = variance``.
+    length_scale : float or array-like of shape (n_features,), default=1.0
+        Isotropic length scale ``ell > 0``, or one per feature (ARD:
+        ``||x - x'||^2 / ell^2`` becomes ``sum_d (x_d - x'_d)^2 / ell_d^2``).
+        ARD needs dense inputs.
+    variance_bounds : pair of float or "fixed", default=(1e-5, 1e5)
+        Bounds of ``variance`` (natural scale), or "fixed".
+    length_scale_bounds : pair of float or "fixed", default=(1e-5, 1e5)
+        Bounds of ``length_scale``, or "fixed". Under ARD a pair applies to
+        every element; an array of shape (n_features, 2) sets them one by one.
+
+    Notes
+    -----
+    ``theta = [log variance, log length_scale...]`` (free ones only).
+    Squared distances are ``||x||^2 + ||y||^2 - 2 x.y``, computed with one
+    (sparse) matrix product, clipped at 0. On sparse rows this is the only
+    practical route; its rounding error is about ``1e-16 * ||x||^2``, which is
+    negligible unless inputs lie far from the origin relative to
+    ``length_scale``.
+    """
+
+    def __init__(
+        self,
+        variance=1.0,
+        length_scale=1.0,
+        variance_bounds=(1e-5, 1e5),
+        length_scale_bounds=(1e-5, 1e5),
+    ):
+        self.variance = variance
+        self.length_scale = length_scale
+        self.variance_bounds = variance_bounds
+        self.length_scale_bounds = length_scale_bounds
+
+    @property
+    def anisotropic(self):
+        """Whether ``length_scale`` is an array (ARD, dense inputs only)."""
+        return np.ndim(self.length_scale) > 0
+
+    def _values(self):
+        variance = _check_positive(self.variance, "variance")
+        if not self.anisotropic:
+            return variance, _check_positive(self.length_scale, "length_scale")
+        length_scale = np.asarray(self.length_scale, dtype=np.float64)
+        if length_scale.ndim != 1 or length_scale.size == 0:
+            raise ValueError(
+                "length_scale must be a positive float or a 1-D array with one "
+                f"entry per feature, got shape {length_scale.shape}"
+            )
+        if not np.all(np.isfinite(length_scale) & (length_scale > 0)):
+            raise ValueError(
+                f"length_scale must be finite and > 0, got {self.length_scale!r}"
+            )
+        return variance, length_scale
+
+    def _hyperparameters(self):
+        variance, length_scale = self._values()
+        ls = np.atleast_1d(length_scale).astype(np.float64)
+        return [
+            _Hyperparameter(
+                "variance", np.array([variance]),
+                _check_bounds(self.variance_bounds, "variance", 1), True,
+            ),
+            _Hyperparameter(
+                "length_scale", ls,
+                _check_bounds(self.length_scale_bounds, "length_scale", ls.size),
+                not self.anisotropic,
+            ),
+        ]
+
+    def _set_hyperparameter(self, name, value):
+        setattr(self, name, value)
+
+    def _scaled_inputs(self, X, Y, length_scale):
+        """Inputs divided by the ARD length scales (dense only)."""
+        if sp.issparse(X) or (Y is not None and sp.issparse(Y)):
+            raise ValueError(
+                "RBFKernel with an array length_scale (ARD) needs dense X; got a "
+                "scipy.sparse matrix. Use a scalar length_scale for sparse "
+                "features, or convert small inputs with .toarray()"
+            )
+        if length_scale.size != X.shape[1]:
+            raise ValueError(
+                f"length_scale has {length_scale.size} entries (ARD) but X has "
+                f"{X.shape[1]} features; give one length scale per feature"
+            )
+        return X / length_scale, None if Y is None else Y / length_scale
+
+    def _scaled_sq_distances(self, X, Y, length_scale):
+        """``||x - y||^2 / ell^2`` (per-feature scaling under ARD)."""
+        if self.anisotropic:
+            Xs, Ys = self._scaled_inputs(X, Y, length_scale)
+            return _sq_distances(Xs, Ys)
+        d2 = _sq_distances(X, Y)
+        d2 *= 1.0 / length_scale**2
+        return d2
+
+    def _call(self, X, Y):
+        variance, length_scale = self._values()
+        K = self._scaled_sq_distances(X, Y, length_scale)
+        K *= -0.5
+        np.exp(K, out=K)
+        K *= variance
+        return K
+
+    def _diag(self, X):
+        variance, length_scale = self._values()
+        if self.anisotropic and length_scale.size != X.shape[1]:
+            self._scaled_inputs(X, None, length_scale)  # raises the clear error
+        return np.full(X.shape[0], variance)
+
+    def _gradient_vjp(self, X, Y, G):
+        variance, length_scale = self._values()
+        free_v, free_l = self._free_flags()
+        d2 = self._scaled_sq_distances(X, Y, length_scale)
+        # W = G * K, the weights of both partial derivatives.
+        W = np.exp(-0.5 * d2)
+        W *= variance
+        W *= G
+        grad_v = W.sum() if free_v else 0.0  # dK/dlog(variance) = K
+        grad_l = 0.0
+        if free_l and not self.anisotropic:
+            # dK/dlog(ell) = K * ||x - y||^2 / ell^2
+            grad_l = np.vdot(W, d2)
+        elif free_l:
+            # dK/dlog(ell_d) = K * (x_d - y_d)^2 / ell_d^2; summed against G
+            # per feature without an (n_X, n_Y, D) tensor:
+            # sum_ij W_ij (a_id - b_jd)^2 = a_d^2 . rowsum(W) + b_d^2 . colsum(W)
+            #                               - 2 sum_i a_id (W b)_id.
+            Xs, Ys = self._scaled_inputs(X, Y, length_scale)
+            Ys = Xs if Ys is None else Ys
+            grad_l = (
+                W.sum(axis=1) @ Xs**2
+                + W.sum(axis=0) @ Ys**2
+                - 2.0 * np.einsum("id,id->d", Xs, W @ Ys)
+            )
+        return _select_free([grad_v, grad_l], [free_v, free_l])
+
+    def _diag_gradient_vjp(self, X, g):
+        variance, length_scale = self._values()
+        free_v, free_l = self._free_flags()
+        grad_v = variance * g.sum() if free_v else 0.0
+        grad_l = np.zeros(np.size(length_scale)) if free_l else 0.0
+        return _select_free([grad_v, grad_l], [free_v, free_l])
+
+
+# --------------------------------------------------------------------------
+# Adapter for scikit-learn kernels
+# --------------------------------------------------------------------------
+
+
+def _einsum_cross_block(kernel, A, B, G):
+    """``sum_ij G_ij dk(a_i, b_j)/dtheta`` from the stacked ``[A; B]``."""
+    _, dK = kernel(np.vstack([A, B]), eval_gradient=True)
+    return np.einsum("ij,ijp->p", G, dK[: A.shape[0], A.shape[0]:, :])
+
+
+class SklearnKernel(Kernel):
+    """Adapter for a :mod:`sklearn.gaussian_process.kernels` kernel.
+
+    Works on dense inputs only: scikit-learn's GP kernels compute on dense
+    arrays, so sparse ``X`` is refused rather than silently densified. Its
+    :attr:`theta`, :attr:`bounds` and their order are those of the wrapped
+    kernel (already log-transformed there). Setting :attr:`theta` modifies
+    the wrapped kernel; :func:`get_kernel` wraps a copy of the user's kernel.
+
+    Parameters
+    ----------
+    kernel : sklearn.gaussian_process.kernels.Kernel
+        The scikit-learn kernel, e.g. ``ConstantKernel() * RBF()``.
+
+    Notes
+    -----
+    scikit-learn kernels expose gradients only as full ``(n, n, n_theta)``
+    tensors of ``k(X, X)``. :meth:`gradient_vjp` with ``Y`` given evaluates
+    the gradient on stacked blocks ``[X_a; Y_b]`` and keeps the off-diagonal
+    block, which is exact but costs up to about 4 times the work of forming
+    the Jacobian of ``K(X, Y)`` itself (``O(n_X n_Y n_theta)`` memory-bounded
+    work per block); blocks are sized so that each tensor stays under 32 MiB.
+    :meth:`diag_gradient_vjp` needs one row for stationary kernels and
+    ``O(n_X * 256 * n_theta)`` work otherwise.
+    """
+
+    def __init__(self, kernel):
+        self.kernel = kernel
+
+    def _sklearn_kernel(self):
+        if not isinstance(self.kernel, sk_kernels.Kernel):
+            raise ValueError(
+                "SklearnKernel needs an instance of "
+                "sklearn.gaussian_process.kernels.Kernel, got "
+                f"{type(self.kernel).__name__}"
+            )
+        return self.kernel
+
+    def __repr__(self):
+        return f"SklearnKernel(kernel={self.kernel!r})"
+
+    # theta, bounds and their order come straight from scikit-learn.
+    @property
+    def theta(self):
+        """Log of the free hyperparameters of the wrapped kernel.
+
+        Returns
+        -------
+        theta : ndarray of shape (n_dims,)
+            ``kernel.theta``; assigning sets ``kernel.theta``.
+        """
+        return np.array(self._sklearn_kernel().theta, dtype=np.float64)
+
+    @theta.setter
+    def theta(self, theta):
+        kernel = self._sklearn_kernel()
+        theta = np.asarray(theta, dtype=np.float64)
+        n_dims = len(kernel.theta)
+        if theta.shape != (n_dims,):
+            raise ValueError(
+                f"theta must have shape ({n_dims},) for {self!r}, got shape "
+                f"{theta.shape}"
+            )
+        if not np.all(np.isfinite(theta)):
+            raise ValueError(f"theta must be finite, got {theta}")
+        kernel.theta = theta
+
+    @property
+    def bounds(self):
+        """Log-space bounds of the wrapped kernel, shape (n_dims, 2)."""
+        return np.asarray(self._sklearn_kernel().bounds, dtype=np.float64).reshape(
+            -1, 2
+        )
+
+    def _hyperparameters(self):
+        kernel = self._sklearn_kernel()
+        params = kernel.get_params(deep=True)
+        result = []
+        for hp in kernel.hyperparameters:
+            value = np.atleast_1d(np.asarray(params[hp.name], dtype=np.float64))
+            bounds = (
+                None if hp.fixed
+                else np.asarray(hp.bounds, dtype=np.float64).reshape(-1, 2)
+            )
+            result.append(_Hyperparameter(hp.name, value, bounds, hp.n_elements == 1))
+        return result
+
+    def _set_hyperparameter(self, name, value):
+        # Not reached through ``theta`` (delegated to scikit-learn above).
+        self._sklearn_kernel().set_params(**{name: value})
+
+    def _dense(self, X, name):
+        if sp.issparse(X):
+            raise ValueError(
+                f"SklearnKernel cannot take sparse {name}: scikit-learn's GP "
+                "kernels work on dense arrays, and densifying high-dimensional "
+                "sparse features is what this library avoids. Use LinearKernel "
+                "or RBFKernel (both accept scipy.sparse rows), or pass dense "
+                f"{name}"
+            )
+        return X
+
+    def _call(self, X, Y):
+        X = self._dense(X, "X")
+        Y = None if Y is None else self._dense(Y, "Y")
+        return np.asarray(self._sklearn_kernel()(X, Y), dtype=np.float64)
+
+    def _diag(self, X):
+        X = self._dense(X, "X")
+        return np.asarray(self._sklearn_kernel().diag(X), dtype=np.float64)
+
+    def _block_rows(self):
+        """Largest stacked size whose gradient tensor fits the budget."""
+        per_entry = 8.0 * max(self.n_dims, 1)
+        return max(int(np.sqrt(_SKLEARN_GRADIENT_BYTES / per_entry)), 2)
+
+    def _gradient_vjp(self, X, Y, G):
+        kernel = self._sklearn_kernel()
+        X = self._dense(X, "X")
+        rows = self._block_rows()
+        n_x = X.shape[0]
+        if Y is None:
+            if n_x <= rows:
+                _, dK = kernel(X, eval_gradient=True)
+                return np.einsum("ij,ijp->p", G, dK)
+            size = max(rows // 2, 1)
+            grad = np.zeros(self.n_dims)
+            starts = range(0, n_x, size)
+            for a in starts:
+                sa = slice(a, a + size)
+                _, dK = kernel(X[sa], eval_gradient=True)
+                grad += np.einsum("ij,ijp->p", G[sa, sa], dK)
+                for b in starts:
+                    if b <= a:
+                        continue
+                    sb = slice(b, b + size)
+                    # K is symmetric: the (b, a) block is the (a, b) transpose.
+                    G_ab = G[sa, sb] + G[sb, sa].T
+                    grad += _einsum_cross_block(kernel, X[sa], X[sb], G_ab)
+            return grad
+        Y = self._dense(Y, "Y")
+        n_y = Y.shape[0]
+        if n_x + n_y <= rows:
+            return _einsum_cross_block(kernel, X, Y, G)
+        size = max(rows // 2, 1)
+        grad = np.zeros(self.n_dims)
+        for a in range(0, n_x, size):
+            for b in range(0, n_y, size):
+                sa, sb = slice(a, a + size), slice(b, b + size)
+                grad += _einsum_cross_block(kernel, X[sa], Y[sb], G[sa, sb])
+        return grad
+
+    def _diag_gradient_vjp(self, X, g):
+        kernel = self._sklearn_kernel()
+        X = self._dense(X, "X")
+        if X.shape[0] == 0:
+            return np.zeros(self.n_dims)
+        if kernel.is_stationary():
+            # k(x, x) is the same for every x.
+            _, dK = kernel(X[:1], eval_gradient=True)
+            return g.sum() * dK[0, 0, :]
+        grad = np.zeros(self.n_dims)
+        size = _SKLEARN_DIAG_BLOCK_ROWS
+        for a in range(0, X.shape[0], size):
+            s = slice(a, a + size)
+            _, dK = kernel(X[s], eval_gradient=True)
+            grad += np.einsum("i,iip->p", g[s], dK)
+        return grad
+
+
+# --------------------------------------------------------------------------
+# Kernel specifications
+# --------------------------------------------------------------------------
+
+#: Kernels accepted by name in :func:`get_kernel`.
+KERNELS = {"linear": LinearKernel, "rbf": RBFKernel}
+
+
+def get_kernel(spec):
+    """Turn a kernel specification into a new :class:`Kernel`.
+
+    Parameters
+    ----------
+    spec : str, Kernel or sklearn.gaussian_process.kernels.Kernel
+        A name from :data:`KERNELS` (``"linear"``, ``"rbf"``; default
+        hyperparameters), a :class:`Kernel`, or a scikit-learn GP kernel
+        (wrapped in :class:`SklearnKernel`).
+
+    Returns
+    -------
+    kernel : Kernel
+        A new object: kernel instances are deep-copied, so optimising the
+        returned kernel's hyperparameters never modifies the caller's object.
+
+    Raises
+    ------
+    ValueError
+        If ``spec`` is an unknown name or of an unsupported type.
+    """
+    if isinstance(spec, str):
+        if spec not in KERNELS:
+            raise ValueError(
+                f"unknown kernel {spec!r}; accepted names are "
+                f"{sorted(KERNELS)}, or pass a skgpstruct.kernels.Kernel or a "
+                "sklearn.gaussian_process.kernels.Kernel instance"
+            )
+        return KERNELS[spec]()
+    if isinstance(spec, Kernel):
+        return copy.deepcopy(spec)
+    if isinstance(spec, sk_kernels.Kernel):
+        return SklearnKernel(copy.deepcopy(spec))
+    raise ValueError(
+        f"kernel must be one of {sorted(KERNELS)}, a skgpstruct.kernels.Kernel "
+        "or a sklearn.gaussian_process.kernels.Kernel instance, got "
+        f"{type(spec).__name__}"
+    )
+
+
+def check_kernel(spec, *, sparse):
+    """Build a kernel with :func:`get_kernel` and validate it for the data.
+
+    Parameters
+    ----------
+    spec : str, Kernel or sklearn.gaussian_process.kernels.Kernel
+        Kernel specification, as for :func:`get_kernel`.
+    sparse : bool
+        Whether the features are scipy.sparse matrices.
+
+    Returns
+    -------
+    kernel : Kernel
+        A new kernel (never the caller's object) whose hyperparameters and
+        bounds are valid.
+
+    Raises
+    ------
+    ValueError
+        If the specification is invalid, a hyperparameter or its bounds are
+        invalid, or the kernel cannot take sparse inputs while ``sparse`` is
+        True (:class:`SklearnKernel`, ARD :class:`RBFKernel`).
+    """
+    kernel = get_kernel(spec)
+    kernel._hyperparameters()  # validates hyperparameter values and bounds
+    if sparse and isinstance(kernel, SklearnKernel):
+        raise ValueError(
+            f"kernel {kernel.kernel!r} is a scikit-learn kernel, which needs "
+            "dense features, but X is sparse; use 'linear', 'rbf' or another "
+            "skgpstruct.kernels.Kernel that accepts scipy.sparse rows"
+        )
+    if sparse and isinstance(kernel, RBFKernel) and kernel.anisotropic:
+        raise ValueError(
+            "RBFKernel with an array length_scale (ARD) needs dense features, "
+            "but X is sparse; use a scalar length_scale"
+        )
+    return kernel

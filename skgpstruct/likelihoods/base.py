@@ -1,0 +1,78 @@
+"""The likelihood interface seen by the inference engine ("gray box").
+
+A likelihood receives Monte Carlo samples of the potentials of a ragged
+batch of sequences and returns ``log p(y | f)`` per sample and sequence, and,
+when it can, the gradient with respect to the potentials. The engine never
+asks which likelihood it runs: it only reads :attr:`Likelihood.has_gradient`
+to decide whether the pathwise estimator is available.
+"""
+
+from abc import ABC, abstractmethod
+
+__all__ = ["Likelihood"]
+
+
+class Likelihood(ABC):
+    """Base class of sequence likelihoods ``p(y | f_unary, f_pairwise)``.
+
+    Subclasses implement :meth:`_log_prob` and, if they can, set
+    ``has_gradient = True`` and implement :meth:`_log_prob_and_gradient`.
+
+    All methods take a ragged batch: the sequences are concatenated along
+    the token axis and ``offsets`` (int64 of shape (n_sequences + 1,))
+    delimits them, as in :mod:`skgpstruct.chain`.
+    """
+
+    #: Whether :meth:`log_prob_and_gradient` is available.
+    has_gradient = False
+
+    def log_prob(self, unary, pairwise, offsets, labels):
+        """Log-likelihood of every sequence under every sample.
+
+        Parameters
+        ----------
+        unary : ndarray of shape (n_samples, n_tokens, n_classes)
+            Samples of the unary potentials.
+        pairwise : ndarray of shape (n_samples, n_classes, n_classes)
+            Samples of the pairwise (transition) potentials.
+        offsets : ndarray of int64 of shape (n_sequences + 1,)
+            Sequence boundaries.
+        labels : ndarray of int64 of shape (n_tokens,)
+            Label indices in ``[0, n_classes)``.
+
+        Returns
+        -------
+        log_prob : ndarray of shape (n_samples, n_sequences)
+        """
+        return self._log_prob(unary, pairwise, offsets, labels)
+
+    def log_prob_and_gradient(self, unary, pairwise, offsets, labels):
+        """Log-likelihood and its gradient with respect to the potentials.
+
+        Parameters are those of :meth:`log_prob`.
+
+        Returns
+        -------
+        log_prob : ndarray of shape (n_samples, n_sequences)
+        grad_unary : ndarray of shape (n_samples, n_tokens, n_classes)
+        grad_pairwise : ndarray of shape (n_samples, n_sequences, n_classes, n_classes)
+            Gradient of each sequence's log-likelihood with respect to the
+            shared pairwise potentials.
+        """
+        if not self.has_gradient:
+            raise NotImplementedError(
+                f"{type(self).__name__} provides no gradient; use the score "
+                "estimator (gradient='score')"
+            )
+        return self._log_prob_and_gradient(unary, pairwise, offsets, labels)
+
+    @abstractmethod
+    def _log_prob(self, unary, pairwise, offsets, labels):
+        """Compute :meth:`log_prob` (override in subclasses)."""
+
+    def _log_prob_and_gradient(self, unary, pairwise, offsets, labels):
+        """Compute :meth:`log_prob_and_gradient` (override when available)."""
+        raise NotImplementedError
+
+    def __repr__(self):
+        return f"{type(self).__name__}()"

@@ -1,0 +1,339 @@
+"""Compiled chain kernels against a NumPy reference and brute-force enumeration."""
+
+import _chain_reference as ref
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from skgpstruct import chain
+
+SCALES = [1e-2, 1.0, 10.0, 1e2, 1e3, 1e4]
+
+
+def _offsets(lengths):
+    return np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
+
+
+def _problem(
+    seed, n_samples, n_labels, lengths, unary_scale, pair_scale, integer=False
+):
+    rng = np.random.default_rng(seed)
+    offsets = _offsets(lengths)
+    n_tokens = int(offsets[-1])
+    if integer:
+        # small integers make ties common and path sums exact in float64
+        unary = rng.integers(-2, 3, (n_samples, n_tokens, n_labels)).astype(float)
+        pairwise = rng.integers(-2, 3, (n_samples, n_labels, n_labels)).astype(float)
+    else:
+        unary = rng.standard_normal((n_samples, n_tokens, n_labels)) * unary_scale
+        pairwise = rng.standard_normal((n_samples, n_labels, n_labels)) * pair_scale
+    labels = rng.integers(0, n_labels, n_tokens)
+    return unary, pairwise, offsets, labels
+
+
+small_chains = st.fixed_dictionaries(
+    {
+        "seed": st.integers(0, 2**32 - 1),
+        "n_samples": st.integers(1, 3),
+        "n_labels": st.integers(1, 5),
+        "lengths": st.lists(st.integers(0, 6), min_size=1, max_size=4),
+        "unary_scale": st.sampled_from(SCALES),
+        "pair_scale": st.sampled_from(SCALES),
+        "integer": st.booleans(),
+    }
+).filter(lambda p: p["n_labels"] ** max(p["lengths"]) <= 5**5)
+
+
+def _assert_log_z_close(actual, expected):
+    np.testing.assert_allclose(actual, expected, rtol=1e-10, atol=1e-10)
+
+
+@settings(max_examples=60, deadline=None)
+@given(small_chains)
+def test_forward_backward_matches_reference_and_enumeration(params):
+    unary, pairwise, offsets, _ = _problem(**params)
+    log_z, marginals, pair = chain.forward_backward(unary, pairwise, offsets)
+    n_seq = len(offsets) - 1
+    assert log_z.shape == (unary.shape[0], n_seq)
+    assert marginals.shape == unary.shape
+    assert pair.shape == (unary.shape[0], n_seq) + pairwise.shape[1:]
+    for expected in (
+        ref.forward_backward(unary, pairwise, offsets),
+        ref.brute_force(unary, pairwise, offsets)[:3],
+    ):
+        _assert_log_z_close(log_z, expected[0])
+        np.testing.assert_allclose(marginals, expected[1], rtol=0, atol=1e-9)
+        np.testing.assert_allclose(pair, expected[2], rtol=0, atol=1e-9)
+    np.testing.assert_allclose(marginals.sum(axis=-1), 1.0, rtol=0, atol=1e-12)
+    lengths = np.diff(offsets)
+    n_transitions = np.broadcast_to(np.maximum(lengths - 1, 0), log_z.shape)
+    np.testing.assert_allclose(pair.sum(axis=(-2, -1)), n_transitions, atol=1e-9)
+
+
+@settings(max_examples=60, deadline=None)
+@given(small_chains)
+def test_viterbi_matches_reference_and_enumeration(params):
+    unary, pairwise, offsets, _ = _problem(**params)
+    _, _, _, best_labels, best_scores = ref.brute_force(unary, pairwise, offsets)
+    for s in range(unary.shape[0]):
+        labels, scores = chain.viterbi(unary[s], pairwise[s], offsets)
+        assert labels.dtype == np.int64
+        ref_labels, ref_scores = ref.viterbi(unary[s], pairwise[s], offsets)
+        np.testing.assert_array_equal(labels, ref_labels)
+        np.testing.assert_array_equal(labels, best_labels[s])
+        np.testing.assert_allclose(scores, best_scores[s], rtol=1e-12, atol=1e-9)
+        np.testing.assert_allclose(scores, ref_scores, rtol=1e-12, atol=1e-9)
+
+
+@settings(max_examples=40, deadline=None)
+@given(small_chains)
+def test_log_likelihood_matches_reference(params):
+    unary, pairwise, offsets, labels = _problem(**params)
+    loglik = chain.log_likelihood(unary, pairwise, offsets, labels)
+    expected = ref.log_likelihood(unary, pairwise, offsets, labels)
+    scale = 1.0 + np.abs(ref.forward_backward(unary, pairwise, offsets)[0])
+    np.testing.assert_array_less(np.abs(loglik - expected), 1e-10 * scale)
+    assert np.all(loglik <= 1e-9 * scale)
+    with_grad = chain.log_likelihood(
+        unary, pairwise, offsets, labels, return_gradient=True
+    )
+    np.testing.assert_array_equal(with_grad[0], loglik)
+
+
+def test_viterbi_breaks_ties_towards_lowest_labels():
+    offsets = np.array([0, 4, 5])
+    labels, scores = chain.viterbi(np.zeros((5, 3)), np.zeros((3, 3)), offsets)
+    np.testing.assert_array_equal(labels, np.zeros(5))
+    np.testing.assert_array_equal(scores, [0.0, 0.0])
+    pairwise = np.zeros((2, 2))
+    pairwise[0, 0] = -1.0
+    labels, _ = chain.viterbi(np.zeros((4, 2)), pairwise, np.array([0, 4]))
+    np.testing.assert_array_equal(labels, [0, 1, 0, 1])
+
+
+def test_empty_and_single_token_sequences():
+    rng = np.random.default_rng(0)
+    offsets = np.array([0, 0, 1, 1, 1])
+    unary = rng.standard_normal((2, 1, 4))
+    pairwise = rng.standard_normal((2, 4, 4))
+    log_z, marginals, pair = chain.forward_backward(unary, pairwise, offsets)
+    np.testing.assert_allclose(log_z[:, [0, 2, 3]], 0.0)
+    np.testing.assert_allclose(
+        log_z[:, 1], np.log(np.exp(unary[:, 0]).sum(axis=-1)), rtol=1e-14
+    )
+    np.testing.assert_allclose(
+        marginals[:, 0], np.exp(unary[:, 0] - log_z[:, 1:2]), rtol=1e-13
+    )
+    np.testing.assert_array_equal(pair, 0.0)
+    loglik = chain.log_likelihood(unary, pairwise, offsets, np.array([2]))
+    np.testing.assert_allclose(loglik[:, [0, 2, 3]], 0.0)
+
+    log_z, marginals, pair = chain.forward_backward(
+        np.zeros((3, 0, 2)), np.zeros((3, 2, 2)), [0, 0, 0]
+    )
+    assert log_z.shape == (3, 2) and marginals.shape == (3, 0, 2)
+    assert pair.shape == (3, 2, 2, 2)
+    np.testing.assert_array_equal(log_z, 0.0)
+    labels, scores = chain.viterbi(np.zeros((0, 2)), np.zeros((2, 2)), [0])
+    assert labels.shape == (0,) and scores.shape == (0,)
+
+
+def test_log_likelihood_gradient_matches_finite_differences():
+    rng = np.random.default_rng(1)
+    lengths = [3, 0, 4, 1]
+    unary, pairwise, offsets, labels = _problem(2, 2, 3, lengths, 1.0, 1.0)
+    _, grad_unary, grad_pairwise = chain.log_likelihood(
+        unary, pairwise, offsets, labels, return_gradient=True
+    )
+    assert grad_unary.shape == unary.shape
+    assert grad_pairwise.shape == (2, len(lengths), 3, 3)
+    step = 1e-6
+    sequence_of = np.repeat(np.arange(len(lengths)), lengths)
+    for s, t, v in zip(*(rng.integers(0, n, 12) for n in unary.shape), strict=True):
+        bumped = [unary.copy(), unary.copy()]
+        bumped[0][s, t, v] += step
+        bumped[1][s, t, v] -= step
+        up, down = (chain.log_likelihood(b, pairwise, offsets, labels) for b in bumped)
+        numeric = (up - down) / (2 * step)
+        expected = np.zeros_like(numeric)
+        expected[s, sequence_of[t]] = grad_unary[s, t, v]
+        np.testing.assert_allclose(numeric, expected, atol=1e-7)
+    for s in range(2):
+        for i in range(3):
+            for j in range(3):
+                bumped = [pairwise.copy(), pairwise.copy()]
+                bumped[0][s, i, j] += step
+                bumped[1][s, i, j] -= step
+                up, down = (
+                    chain.log_likelihood(unary, b, offsets, labels) for b in bumped
+                )
+                numeric = (up - down) / (2 * step)
+                np.testing.assert_allclose(numeric[1 - s], 0.0, atol=1e-7)
+                np.testing.assert_allclose(
+                    numeric[s], grad_pairwise[s, :, i, j], atol=1e-7
+                )
+
+
+@pytest.mark.parametrize(
+    "unary_scale, pair_scale",
+    [(1.0, 1.0), (1e4, 1.0), (1e4, 1e4)],
+    ids=["unit-scaled", "large-unary-scaled", "large-both-log-space"],
+)
+def test_long_sequence_with_large_potentials(unary_scale, pair_scale):
+    n_tokens = 100_000
+    rng = np.random.default_rng(2)
+    unary = rng.uniform(-1, 1, (1, n_tokens, 3)) * unary_scale
+    pairwise = rng.uniform(-1, 1, (1, 3, 3)) * pair_scale
+    offsets = np.array([0, n_tokens])
+    log_z, marginals, pair = chain.forward_backward(unary, pairwise, offsets)
+    for out in (log_z, marginals, pair):
+        assert np.all(np.isfinite(out))
+    np.testing.assert_allclose(marginals.sum(axis=-1), 1.0, rtol=0, atol=1e-12)
+    np.testing.assert_allclose(pair.sum(), n_tokens - 1, rtol=1e-12)
+    expected = ref.forward_backward(unary, pairwise, offsets)
+    np.testing.assert_allclose(log_z, expected[0], rtol=1e-10)
+    np.testing.assert_allclose(marginals, expected[1], rtol=0, atol=1e-9)
+    np.testing.assert_allclose(pair, expected[2], rtol=1e-10, atol=1e-6)
+    labels, scores = chain.viterbi(unary[0], pairwise[0], offsets)
+    ref_labels, ref_scores = ref.viterbi(unary[0], pairwise[0], offsets)
+    np.testing.assert_array_equal(labels, ref_labels)
+    np.testing.assert_allclose(scores, ref_scores, rtol=1e-12)
+    assert scores[0] <= log_z[0, 0] * (1 + 1e-12)
+
+
+def test_many_labels_and_sequences_match_reference():
+    # V and layouts beyond the brute-force range, both recursions
+    rng = np.random.default_rng(3)
+    lengths = rng.integers(0, 40, 25)
+    offsets = _offsets(lengths)
+    unary = rng.standard_normal((2, offsets[-1], 17)) * 3
+    pairwise = rng.standard_normal((2, 17, 17)) * np.array([1.0, 400.0])[:, None, None]
+    got = chain.forward_backward(unary, pairwise, offsets)
+    expected = ref.forward_backward(unary, pairwise, offsets)
+    _assert_log_z_close(got[0], expected[0])
+    for a, b in zip(got[1:], expected[1:], strict=True):
+        np.testing.assert_allclose(a, b, rtol=0, atol=1e-10)
+
+
+def test_inputs_are_not_modified_and_layouts_are_accepted():
+    rng = np.random.default_rng(4)
+    unary = rng.standard_normal((2, 7, 3))
+    pairwise = rng.standard_normal((2, 3, 3))
+    offsets = np.array([0, 3, 7])
+    expected = chain.forward_backward(unary, pairwise, offsets)
+    fortran = np.asfortranarray(unary)
+    strided = np.repeat(pairwise, 2, axis=2)[:, :, ::2]
+    unary_copy = unary.copy()
+    for u, p, o in [
+        (fortran, strided, offsets.astype(np.int32)),
+        (unary, pairwise, list(offsets)),
+        (unary.tolist(), pairwise.tolist(), offsets.astype(np.uint8)),
+    ]:
+        got = chain.forward_backward(u, p, o)
+        for a, b in zip(got, expected, strict=True):
+            np.testing.assert_allclose(a, b, rtol=1e-13, atol=1e-15)
+    np.testing.assert_array_equal(unary, unary_copy)
+    readonly = unary.copy()
+    readonly.flags.writeable = False
+    chain.forward_backward(readonly, pairwise, offsets)
+    got = chain.forward_backward(unary.astype(np.float32), pairwise, offsets)
+    assert got[1].dtype == np.float64
+    labels = chain.viterbi(unary[0].astype(np.float32), pairwise[0], offsets)[0]
+    assert labels.dtype == np.int64
+
+
+def _good():
+    unary = np.zeros((2, 5, 3))
+    pairwise = np.zeros((2, 3, 3))
+    return unary, pairwise, np.array([0, 2, 5]), np.array([0, 1, 2, 0, 1])
+
+
+def _with(**changes):
+    unary, pairwise, offsets, labels = _good()
+    args = {"unary": unary, "pairwise": pairwise, "offsets": offsets, "labels": labels}
+    args.update(changes)
+    return args
+
+
+_nan_unary = np.zeros((2, 5, 3))
+_nan_unary[1, 2, 0] = np.nan
+_inf_pairwise = np.zeros((2, 3, 3))
+_inf_pairwise[0, 1, 1] = -np.inf
+
+BAD_INPUTS = [
+    ("unary", _with(unary=np.zeros((5, 3)))),
+    ("unary", _with(unary=np.zeros((2, 5, 3, 1)))),
+    ("unary", _with(unary=np.zeros((2, 5, 3), dtype=complex))),
+    ("unary", _with(unary=np.full((2, 5, 3), "a"))),
+    ("unary", _with(unary=np.zeros((2, 5, 3), dtype=bool))),
+    ("unary", _with(unary=np.zeros((2, 5, 3), dtype=object))),
+    ("unary", _with(unary=_nan_unary)),
+    ("unary", _with(unary=np.zeros((2, 5, 0)), pairwise=np.zeros((2, 0, 0)))),
+    ("pairwise", _with(pairwise=np.zeros((2, 3, 4)))),
+    ("pairwise", _with(pairwise=np.zeros((1, 3, 3)))),
+    ("pairwise", _with(pairwise=np.zeros((3, 3)))),
+    ("pairwise", _with(pairwise=_inf_pairwise)),
+    ("pairwise", _with(pairwise=np.zeros((2, 3, 3), dtype=np.complex64))),
+    ("unary and pairwise", _with(unary=np.full((2, 5, 3), 1e306))),
+    ("offsets", _with(offsets=np.array([0.0, 2.0, 5.0]))),
+    ("offsets", _with(offsets=np.array([0, 2.5, 5]))),
+    ("offsets", _with(offsets=np.array([[0, 2, 5]]))),
+    ("offsets", _with(offsets=np.array([], dtype=np.int64))),
+    ("offsets", _with(offsets=np.array([1, 2, 5]))),
+    ("offsets", _with(offsets=np.array([0, 2, 4]))),
+    ("offsets", _with(offsets=np.array([0, 2, 6]))),
+    ("offsets", _with(offsets=np.array([0, 4, 2, 5]))),
+    ("offsets", _with(offsets=np.array([0, -1, 5]))),
+    ("offsets", _with(offsets=np.array([0, 2**64 - 1, 5], dtype=np.uint64))),
+    ("offsets", _with(offsets=np.array([False, True]))),
+    ("offsets", _with(offsets="0, 5")),
+]
+BAD_LABELS = [
+    _with(labels=np.array([0, 1, 2, 0, 3])),
+    _with(labels=np.array([0, 1, -1, 0, 1])),
+    _with(labels=np.array([0, 1, 2, 0])),
+    _with(labels=np.zeros((5, 1), dtype=int)),
+    _with(labels=np.zeros(5)),
+    _with(labels=np.zeros(5, dtype=bool)),
+]
+
+
+@pytest.mark.parametrize("name, args", BAD_INPUTS)
+def test_forward_backward_and_log_likelihood_refuse_bad_input(name, args):
+    labels = args.pop("labels")
+    with pytest.raises(ValueError, match=rf"^{name}\b"):
+        chain.forward_backward(**args)
+    with pytest.raises(ValueError, match=rf"^{name}\b"):
+        chain.log_likelihood(**args, labels=labels)
+
+
+_nan_unary_2d = np.zeros((5, 3))
+_nan_unary_2d[0, 0] = np.nan
+BAD_VITERBI_INPUTS = [
+    ("unary", np.zeros((2, 5, 3)), np.zeros((3, 3)), [0, 5]),
+    ("unary", np.zeros(5), np.zeros((3, 3)), [0, 5]),
+    ("unary", np.zeros((5, 3), dtype=complex), np.zeros((3, 3)), [0, 5]),
+    ("unary", _nan_unary_2d, np.zeros((3, 3)), [0, 5]),
+    ("unary", np.zeros((5, 0)), np.zeros((0, 0)), [0, 5]),
+    ("pairwise", np.zeros((5, 3)), np.zeros((2, 3, 3)), [0, 5]),
+    ("pairwise", np.zeros((5, 3)), np.zeros((3, 2)), [0, 5]),
+    ("pairwise", np.zeros((5, 3)), np.full((3, 3), np.inf), [0, 5]),
+    ("offsets", np.zeros((5, 3)), np.zeros((3, 3)), [0, 4]),
+    ("offsets", np.zeros((5, 3)), np.zeros((3, 3)), [0, 3, 2, 5]),
+    ("offsets", np.zeros((5, 3)), np.zeros((3, 3)), [0.0, 5.0]),
+]
+
+
+@pytest.mark.parametrize("name, unary, pairwise, offsets", BAD_VITERBI_INPUTS)
+def test_viterbi_refuses_bad_input(name, unary, pairwise, offsets):
+    with pytest.raises(ValueError, match=rf"^{name}\b"):
+        chain.viterbi(unary, pairwise, offsets)
+
+
+@pytest.mark.parametrize("args", BAD_LABELS)
+def test_log_likelihood_refuses_bad_labels(args):
+    with pytest.raises(ValueError, match=r"^labels\b"):
+        chain.log_likelihood(**args)
+    with pytest.raises(ValueError, match=r"^labels\b"):
+        chain.log_likelihood(**args, return_gradient=True)

@@ -1,0 +1,251 @@
+import pickle
+import time
+
+import numpy as np
+import pytest
+import scipy.sparse as sp
+from sklearn.base import clone
+from sklearn.exceptions import NotFittedError
+from sklearn.feature_extraction import DictVectorizer, FeatureHasher
+from sklearn.pipeline import Pipeline
+
+from skgpstruct.features import (
+    CRFppTemplateVectorizer,
+    SequenceDictVectorizer,
+    expand_crfpp_template,
+)
+from skgpstruct.io import read_conll
+
+# The input of the CRF++ documentation ("Preparing feature templates"); the
+# current token there is "the" (index 2).
+DOC_SEQUENCE = [
+    ["He", "PRP"],
+    ["reckons", "VBZ"],
+    ["the", "DT"],
+    ["current", "JJ"],
+    ["account", "NN"],
+]
+
+
+@pytest.mark.parametrize(
+    "line, expected",
+    [
+        ("U00:%x[0,0]", "U00:the"),
+        ("U01:%x[0,1]", "U01:DT"),
+        ("U02:%x[-1,0]", "U02:reckons"),
+        ("U03:%x[-2,1]", "U03:PRP"),
+        ("U04:%x[0,0]/%x[0,1]", "U04:the/DT"),
+        ("UABC%x[0,1]123", "UABCDT123"),
+        ("U05:%x[2,0]", "U05:account"),
+    ],
+)
+def test_documentation_examples(line, expected):
+    features = expand_crfpp_template(line, DOC_SEQUENCE)
+    assert features[2] == [expected]
+
+
+def test_positions_outside_the_sequence():
+    template = "U0:%x[-1,0]\nU1:%x[-2,0]\nU2:%x[1,0]\nU3:%x[2,0]\nU4:%x[-8,1]/%x[8,1]"
+    features = expand_crfpp_template(template, DOC_SEQUENCE)
+    assert features[0] == ["U0:_B-1", "U1:_B-2", "U2:reckons", "U3:the",
+                           "U4:_B-8/_B+4"]
+    assert features[1] == ["U0:He", "U1:_B-1", "U2:the", "U3:current",
+                           "U4:_B-7/_B+5"]
+    assert features[4] == ["U0:current", "U1:the", "U2:_B+1", "U3:_B+2",
+                           "U4:_B-4/_B+8"]
+    assert expand_crfpp_template("U:%x[3,0]", [["x"]]) == [["U:_B+3"]]
+
+
+def test_lines_without_macros_comments_and_braces():
+    template = "# comment\n\nU\nU9:{lit}%x[0,0]}\n  \nB\n"
+    features = expand_crfpp_template(template, [["a"], ["b"]])
+    assert features == [["U", "U9:{lit}a}"], ["U", "U9:{lit}b}"]]
+
+
+@pytest.mark.parametrize(
+    "template, message",
+    [
+        ("U00:%x[0,0]\nX01:%x[0,0]", r"template line 2: 'X01:%x\[0,0\]' must start"),
+        ("U00:%x[0]", r"template line 1: .* '%' that does not start a macro"),
+        ("U00:%y[0,0]", "does not start a macro"),
+        ("U00:%x[+1,0]", "does not start a macro"),
+        ("U00:%x[0,-1]", "does not start a macro"),
+        ("# c\nU00:%x[9,0]", r"template line 2: .*row offset 9; CRF\+\+ accepts"),
+        ("B00:%x[a,0]", "template line 1"),
+        ("nonexistent_template_file", "if this is a file path, no such file"),
+    ],
+)
+def test_bad_template_lines(template, message):
+    with pytest.raises(ValueError, match=message):
+        CRFppTemplateVectorizer(template).fit([DOC_SEQUENCE])
+
+
+def test_column_beyond_token_columns_names_line_sequence_and_token():
+    vec = CRFppTemplateVectorizer("U00:%x[0,0]\n\nU10:%x[-1,1]")
+    X = [DOC_SEQUENCE, [["a", "b"], ["c"]]]
+    with pytest.raises(ValueError, match=r"template line 3 \('U10:%x\[-1,1\]'\) reads "
+                       "column 1, but token 1 of sequence 1 has only 1 column"):
+        vec.fit(X)
+    vec.fit([DOC_SEQUENCE])
+    with pytest.raises(ValueError, match="token 0 of sequence 0 has only 1"):
+        vec.transform([[["a"]]])
+
+
+def test_fit_transform_matches_hand_expansion():
+    X = [[["He", "PRP"], ["reckons", "VBZ"]], [["He", "NN"]]]
+    vec = CRFppTemplateVectorizer("U00:%x[-1,0]\nU01:%x[0,1]\nU01:%x[0,1]\nU")
+    Xt = vec.fit_transform(X)
+    names = vec.get_feature_names_out().tolist()
+    assert names == ["U", "U00:He", "U00:_B-1", "U01:NN", "U01:PRP", "U01:VBZ"]
+    assert vec.vocabulary_ == {name: k for k, name in enumerate(names)}
+    assert vec.uses_transitions_ is False
+    assert vec.unigram_templates_ == ["U00:%x[-1,0]", "U01:%x[0,1]", "U01:%x[0,1]", "U"]
+    assert vec.transition_templates_ == []
+    assert len(Xt) == 2
+    for matrix in Xt:
+        assert sp.issparse(matrix) and matrix.format == "csr"
+        assert matrix.dtype == np.float64
+    np.testing.assert_array_equal(
+        Xt[0].toarray(), [[1, 0, 1, 0, 1, 0], [1, 1, 0, 0, 0, 1]]
+    )
+    np.testing.assert_array_equal(Xt[1].toarray(), [[1, 0, 1, 1, 0, 0]])
+    for a, b in zip(Xt, vec.transform(X), strict=True):
+        assert (a != b).nnz == 0
+
+
+def test_unknown_features_are_ignored_and_empty_sequences_allowed():
+    vec = CRFppTemplateVectorizer("U00:%x[0,0]\nB").fit([[["a"], ["b"]]])
+    assert vec.uses_transitions_ is True
+    assert vec.transition_templates_ == ["B"]
+    Xt = vec.transform([[["zzz"], ["a"]], []])
+    np.testing.assert_array_equal(Xt[0].toarray(), [[0, 0], [1, 0]])
+    assert Xt[1].shape == (0, 2)
+    assert vec.transform([]) == []
+
+
+def test_min_count():
+    X = [[["a"], ["a"], ["b"]], [["a"], ["c"], ["c"]]]
+    vec = CRFppTemplateVectorizer("U:%x[0,0]", min_count=2).fit(X)
+    assert vec.get_feature_names_out().tolist() == ["U:a", "U:c"]
+    np.testing.assert_array_equal(
+        vec.transform(X)[0].toarray(), [[1, 0], [1, 0], [0, 0]]
+    )
+    with pytest.raises(ValueError, match="'min_count' parameter"):
+        CRFppTemplateVectorizer("U", min_count=0).fit(X)
+
+
+def test_template_from_path(tmp_path):
+    path = tmp_path / "template"
+    path.write_text("# Unigram\nU00:%x[0,0]\n\n# Bigram\nB\n", encoding="utf-8")
+    X = [DOC_SEQUENCE]
+    by_path = CRFppTemplateVectorizer(path).fit(X)
+    by_str = CRFppTemplateVectorizer(str(path)).fit(X)
+    by_text = CRFppTemplateVectorizer(path.read_text()).fit(X)
+    assert by_path.vocabulary_ == by_str.vocabulary_ == by_text.vocabulary_
+    assert by_path.uses_transitions_
+
+
+@pytest.mark.parametrize(
+    "X, message",
+    [
+        ("abc", "X must be a list of sequences"),
+        (DOC_SEQUENCE, r"X\[0\]\[0\] must be a token row .*wrap a single sequence"),
+        (([DOC_SEQUENCE], [["O"] * 5]), r"X\[0\]\[0\]\[0\] must be a str .* \(tokens, "
+         "labels\\) pair"),
+        ([[["a", 1]]], r"X\[0\]\[0\]\[1\] must be a str"),
+    ],
+)
+def test_bad_X(X, message):
+    with pytest.raises(ValueError, match=message):
+        CRFppTemplateVectorizer("U:%x[0,0]").fit(X)
+
+
+def test_not_fitted_clone_pickle_pipeline():
+    vec = CRFppTemplateVectorizer("U00:%x[0,0]\nB", min_count=1)
+    with pytest.raises(NotFittedError):
+        vec.transform([DOC_SEQUENCE])
+    assert clone(vec).get_params() == {"template": "U00:%x[0,0]\nB", "min_count": 1}
+    pipe = Pipeline([("features", vec)]).fit([DOC_SEQUENCE])
+    restored = pickle.loads(pickle.dumps(pipe))
+    a = pipe.transform([DOC_SEQUENCE])[0]
+    b = restored.transform([DOC_SEQUENCE])[0]
+    assert (a != b).nnz == 0 and a.shape == (5, 5)
+
+
+@pytest.mark.shared_data
+def test_basenp_template_speed_and_content(shared_data_dir):
+    folder = shared_data_dir / "crfpp" / "basenp"
+    train, _ = read_conll(folder / "train.data")
+    test, _ = read_conll(folder / "test.data")
+    vec = CRFppTemplateVectorizer(folder / "template").fit(train)
+    assert vec.uses_transitions_
+    start = time.perf_counter()
+    Xt = vec.transform(test)
+    elapsed = time.perf_counter() - start
+    # About 0.5 s on the development machine; generous for shared runners.
+    assert elapsed < 5.0
+    assert len(Xt) == 823
+    assert sum(m.shape[0] for m in Xt) == 19172
+    n_lines = len(vec.unigram_templates_)
+    assert n_lines == 20
+    # Every token fires one feature per line unless it is unseen in training.
+    train_Xt = vec.transform(train)
+    assert all((m.sum(axis=1) == n_lines).all() for m in train_Xt)
+    assert all((m.sum(axis=1) <= n_lines).all() for m in Xt)
+    first = expand_crfpp_template(folder / "template", test[0])[0]
+    assert first[:3] == ["U00:_B-2", "U01:_B-1", "U02:Rockwell"]
+
+
+TOKEN_DICTS = [
+    [{"w": "the", "bos": True}, {"w": "cat", "len": 3.0}],
+    [{"w": "cat"}],
+]
+
+
+def test_sequence_dict_vectorizer_default():
+    vec = SequenceDictVectorizer()
+    Xt = vec.fit_transform(TOKEN_DICTS)
+    assert vec.get_feature_names_out().tolist() == ["bos", "len", "w=cat", "w=the"]
+    assert isinstance(vec.vectorizer_, DictVectorizer)
+    assert [m.shape for m in Xt] == [(2, 4), (1, 4)]
+    assert all(sp.issparse(m) and m.format == "csr" for m in Xt)
+    np.testing.assert_array_equal(Xt[0].toarray(), [[1, 0, 0, 1], [0, 3, 1, 0]])
+    unseen = vec.transform([[{"w": "dog", "new": 1}], []])
+    np.testing.assert_array_equal(unseen[0].toarray(), [[0, 0, 0, 0]])
+    assert unseen[1].shape == (0, 4)
+    for a, b in zip(Xt, vec.transform(TOKEN_DICTS), strict=True):
+        assert (a != b).nnz == 0
+
+
+def test_sequence_dict_vectorizer_wraps_feature_hasher_and_clones():
+    hasher = FeatureHasher(n_features=16)
+    vec = SequenceDictVectorizer(hasher).fit(TOKEN_DICTS)
+    assert vec.vectorizer_ is not hasher
+    Xt = vec.transform(TOKEN_DICTS)
+    assert [m.shape for m in Xt] == [(2, 16), (1, 16)]
+    with pytest.raises(AttributeError, match="FeatureHasher has no feature names"):
+        vec.get_feature_names_out()
+    cloned = clone(SequenceDictVectorizer(DictVectorizer(sparse=False)))
+    dense = cloned.fit_transform(TOKEN_DICTS)
+    assert isinstance(dense[0], np.ndarray) and dense[0].shape == (2, 4)
+
+
+@pytest.mark.parametrize(
+    "X, message",
+    [
+        ({"w": "a"}, "X must be a list of sequences"),
+        ([{"w": "a"}], r"X\[0\] must be a sequence of token feature dicts"),
+        ([[{"w": "a"}, "b"]], r"X\[0\]\[1\] must be a dict"),
+        ([], "no sequences"),
+    ],
+)
+def test_sequence_dict_vectorizer_bad_X(X, message):
+    with pytest.raises(ValueError, match=message):
+        SequenceDictVectorizer().fit(X)
+
+
+def test_sequence_dict_vectorizer_bad_param_and_not_fitted():
+    with pytest.raises(ValueError, match="'vectorizer' parameter"):
+        SequenceDictVectorizer(vectorizer="dict").fit(TOKEN_DICTS)
+    with pytest.raises(NotFittedError):
+        SequenceDictVectorizer().transform(TOKEN_DICTS)

@@ -1,0 +1,192 @@
+import io
+
+import numpy as np
+import pytest
+
+from skgpstruct.io import format_conll, parse_conll, read_conll, write_conll
+
+# (folder, file, encoding, sequences, tokens, columns without the label),
+# counted independently of the reader (awk over blank-line separated blocks).
+CRFPP_FILES = [
+    ("basenp", "train.data", "utf-8", 77, 1896, 2),
+    ("basenp", "test.data", "utf-8", 823, 19172, 2),
+    ("chunking", "train.data", "utf-8", 77, 1896, 2),
+    ("chunking", "test.data", "utf-8", 823, 19172, 2),
+    ("seg", "train.data", "utf-8", 36, 965, 2),
+    ("seg", "test.data", "utf-8", 19, 981, 2),
+    ("JapaneseNE", "train.data", "euc-jp", 216, 4772, 3),
+    ("JapaneseNE", "test.data", "euc-jp", 500, 12678, 3),
+]
+
+
+@pytest.mark.shared_data
+@pytest.mark.parametrize(
+    "folder, name, encoding, n_sequences, n_tokens, n_columns", CRFPP_FILES
+)
+def test_reads_every_crfpp_file(
+    shared_data_dir, folder, name, encoding, n_sequences, n_tokens, n_columns
+):
+    tokens, labels = read_conll(shared_data_dir / "crfpp" / folder / name, encoding)
+    assert len(tokens) == len(labels) == n_sequences
+    assert sum(len(seq) for seq in tokens) == n_tokens
+    assert [len(seq) for seq in tokens] == [len(seq) for seq in labels]
+    assert {len(row) for seq in tokens for row in seq} == {n_columns}
+    assert all(label for seq in labels for label in seq)
+
+
+@pytest.mark.shared_data
+def test_first_tokens_of_basenp_and_japanese(shared_data_dir):
+    tokens, labels = read_conll(shared_data_dir / "crfpp" / "basenp" / "train.data")
+    assert tokens[0][:2] == [["Confidence", "NN"], ["in", "IN"]]
+    assert labels[0][:3] == ["B", "O", "B"]
+    tokens, labels = read_conll(
+        shared_data_dir / "crfpp" / "JapaneseNE" / "train.data", encoding="euc-jp"
+    )
+    assert labels[0][0] == "O"
+    # Full-width spaces (U+3000) are token characters, not separators.
+    assert any("\u3000" in value for seq in tokens for row in seq for value in row)
+
+
+@pytest.mark.shared_data
+def test_japanese_with_wrong_encoding_names_file_line_and_encoding(shared_data_dir):
+    path = shared_data_dir / "crfpp" / "JapaneseNE" / "train.data"
+    with pytest.raises(ValueError, match=r"train\.data, line 1: .*'utf-8'"):
+        read_conll(path)
+
+
+@pytest.mark.shared_data
+@pytest.mark.parametrize("folder, name, encoding", [f[:3] for f in CRFPP_FILES])
+def test_round_trip_of_shared_files(shared_data_dir, tmp_path, folder, name, encoding):
+    tokens, labels = read_conll(shared_data_dir / "crfpp" / folder / name, encoding)
+    out = tmp_path / "copy.data"
+    write_conll(out, tokens, labels, encoding=encoding)
+    assert read_conll(out, encoding=encoding) == (tokens, labels)
+
+
+def test_parse_spaces_tabs_crlf_and_blank_lines():
+    text = (
+        "\n \n"
+        "He\tPRP  B-NP\r\n"
+        "reckons VBZ\t\tB-VP  \r\n"
+        "\t\r\n"
+        "\n"
+        "the DT B-NP\n"
+        "\u3000 SYM O\n"
+        "\n\n"
+    )
+    tokens, labels = parse_conll(text)
+    assert tokens == [[["He", "PRP"], ["reckons", "VBZ"]],
+                      [["the", "DT"], ["\u3000", "SYM"]]]
+    assert labels == [["B-NP", "B-VP"], ["B-NP", "O"]]
+
+
+def test_last_sequence_without_trailing_blank_line():
+    tokens, labels = parse_conll("a B\nb I\n\nc O")
+    assert labels == [["B", "I"], ["O"]]
+    assert tokens == [[["a"], ["b"]], [["c"]]]
+
+
+def test_label_only_lines():
+    tokens, labels = parse_conll("B\nI\n\nO\n")
+    assert tokens == [[[], []], [[]]]
+    assert labels == [["B", "I"], ["O"]]
+
+
+def test_read_from_text_and_binary_file_objects():
+    text = "a x B-NP\nb y I-NP\n\nc z O\n"
+    expected = parse_conll(text)
+    assert read_conll(io.StringIO(text)) == expected
+    assert read_conll(io.BytesIO(text.encode("utf-8"))) == expected
+    japanese = "東京 名詞 B-LOCATION\n\n都 名詞 O\n"
+    handle = io.BytesIO(japanese.encode("euc-jp"))
+    assert read_conll(handle, encoding="euc-jp") == parse_conll(japanese)
+
+
+def test_read_path_and_open_file(tmp_path):
+    path = tmp_path / "data.txt"
+    path.write_text("a B\nb I\n\nc O\n", encoding="utf-8")
+    assert read_conll(str(path)) == read_conll(path)
+    with open(path, encoding="utf-8") as handle:
+        assert read_conll(handle) == read_conll(path)
+
+
+def test_ragged_columns_name_file_and_line(tmp_path):
+    path = tmp_path / "ragged.data"
+    path.write_text("a x B\nb y I\n\nc O\n", encoding="utf-8")
+    with pytest.raises(ValueError, match=r"ragged\.data, line 4: found 2 column\(s\), "
+                       r"but line 1 has 3"):
+        read_conll(path)
+
+
+def test_undecodable_bytes_name_line_and_encoding(tmp_path):
+    path = tmp_path / "latin.data"
+    path.write_bytes("a B\n\nb\xe9 O\n".encode("latin-1"))
+    message = r"latin\.data, line 3: .*byte\(s\) e9 .*'utf-8'"
+    with pytest.raises(ValueError, match=message):
+        read_conll(path)
+    assert read_conll(path, encoding="latin-1")[0] == [[["a"]], [["b\xe9"]]]
+
+
+def test_unknown_encoding_is_reported(tmp_path):
+    path = tmp_path / "x.data"
+    path.write_text("a B\n", encoding="utf-8")
+    with pytest.raises(ValueError, match="not a known codec"):
+        read_conll(path, encoding="no-such-codec")
+
+
+@pytest.mark.parametrize("content", ["", "\n\n  \n\t\n"])
+def test_empty_file_is_an_error(tmp_path, content):
+    path = tmp_path / "empty.data"
+    path.write_text(content, encoding="utf-8")
+    with pytest.raises(ValueError, match=r"empty\.data: the file is empty"):
+        read_conll(path)
+
+
+def test_bad_source_types():
+    with pytest.raises(TypeError, match="path .* or a file object"):
+        read_conll(42)
+    with pytest.raises(TypeError, match="use read_conll"):
+        parse_conll(b"a B\n")
+    with pytest.raises(FileNotFoundError):
+        read_conll("/no/such/file.data")
+
+
+def test_write_with_gold_and_predicted_columns(tmp_path):
+    tokens = [[["He", "PRP"], ["reckons", "VBZ"]], [["the", "DT"]]]
+    gold = [["B-NP", "B-VP"], ["B-NP"]]
+    pred = [np.array(["B-NP", "I-NP"]), np.array(["O"])]
+    path = tmp_path / "out.txt"
+    write_conll(path, tokens, gold, pred, sep="\t")
+    text = path.read_text(encoding="utf-8")
+    assert text == (
+        "He\tPRP\tB-NP\tB-NP\nreckons\tVBZ\tB-VP\tI-NP\n\nthe\tDT\tB-NP\tO\n\n"
+    )
+    # Read back, the gold labels are the last token column.
+    tokens2, labels2 = read_conll(path)
+    assert [[row[:-1] for row in seq] for seq in tokens2] == tokens
+    assert [[row[-1] for row in seq] for seq in tokens2] == gold
+    assert labels2 == [list(p) for p in pred]
+
+
+def test_write_to_file_objects():
+    tokens, labels = [[["a"], ["b"]]], [["B", "I"]]
+    text_handle = io.StringIO()
+    write_conll(text_handle, tokens, labels)
+    assert text_handle.getvalue() == "a B\nb I\n\n"
+    binary_handle = io.BytesIO()
+    write_conll(binary_handle, [[["都"]]], [["O"]], encoding="euc-jp")
+    assert binary_handle.getvalue() == "都 O\n\n".encode("euc-jp")
+
+
+def test_format_errors():
+    with pytest.raises(ValueError, match="tokens has 1 sequences but labels has 2"):
+        format_conll([[["a"]]], [["B"], ["O"]])
+    with pytest.raises(ValueError, match="sequence 0 has 1 tokens but 2 labels in "
+                       r"more_labels\[0\]"):
+        format_conll([[["a"]]], [["B"]], [["B", "I"]])
+    with pytest.raises(ValueError, match="sequence 0, token 0: value 'a b'"):
+        format_conll([[["a b"]]], [["B"]])
+    with pytest.raises(ValueError, match="empty sequence"):
+        format_conll([[]], [[]])
+    with pytest.raises(ValueError, match="sep must be"):
+        format_conll([[["a"]]], [["B"]], sep=",")

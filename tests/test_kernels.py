@@ -1,0 +1,633 @@
+"""Tests of skgpstruct.kernels against independent NumPy / SciPy references."""
+
+import pickle
+
+import numpy as np
+import pytest
+import scipy.sparse as sp
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from scipy.spatial.distance import cdist
+from sklearn.base import BaseEstimator, clone
+from sklearn.gaussian_process.kernels import (
+    RBF,
+    ConstantKernel,
+    DotProduct,
+    WhiteKernel,
+)
+
+from skgpstruct import kernels as kernels_module
+from skgpstruct.kernels import (
+    KERNELS,
+    Kernel,
+    LinearKernel,
+    RBFKernel,
+    SklearnKernel,
+    check_kernel,
+    get_kernel,
+)
+
+# ---------------------------------------------------------------------------
+# References, written independently of the implementation
+# ---------------------------------------------------------------------------
+
+
+def linear_reference(X, Y, variance, bias):
+    K = np.empty((X.shape[0], Y.shape[0]))
+    for i in range(X.shape[0]):
+        for j in range(Y.shape[0]):
+            K[i, j] = variance * (np.sum(X[i] * Y[j]) + bias)
+    return K
+
+
+def rbf_reference(X, Y, variance, length_scale):
+    length_scale = np.broadcast_to(np.asarray(length_scale, float), (X.shape[1],))
+    d2 = cdist(X, Y, "seuclidean", V=length_scale**2) ** 2
+    return variance * np.exp(-0.5 * d2)
+
+
+def random_sparse(rng, n, d, density=0.3, binary=False):
+    X = sp.random(n, d, density=density, format="csr", random_state=rng)
+    if binary:
+        X.data[:] = 1.0
+    else:
+        X.data = rng.normal(size=X.nnz)
+    return X
+
+
+def formats(X):
+    """The same matrix as dense, CSR matrix and CSR array."""
+    return {"dense": X, "csr_matrix": sp.csr_matrix(X), "csr_array": sp.csr_array(X)}
+
+
+def as_format(X, fmt):
+    return formats(X)[fmt]
+
+
+FORMATS = ["dense", "csr_matrix", "csr_array"]
+
+# (id, factory, supports sparse)
+KERNEL_CASES = [
+    ("linear", lambda: LinearKernel(variance=0.7, bias=1.3), True),
+    ("linear-bias-fixed", lambda: LinearKernel(0.7, 0.4, bias_bounds="fixed"), True),
+    ("linear-variance-fixed", lambda: LinearKernel(2.0, variance_bounds="fixed"), True),
+    ("linear-no-bias", lambda: LinearKernel(1.5, 0.0, bias_bounds="fixed"), True),
+    ("rbf", lambda: RBFKernel(variance=1.7, length_scale=1.4), True),
+    ("rbf-ls-fixed", lambda: RBFKernel(0.8, 1.1, length_scale_bounds="fixed"), True),
+    ("rbf-var-fixed", lambda: RBFKernel(0.8, 1.1, variance_bounds="fixed"), True),
+    ("rbf-ard", lambda: RBFKernel(1.2, [0.8, 1.5, 2.0, 1.1]), False),
+    (
+        "sklearn-c-rbf",
+        lambda: SklearnKernel(ConstantKernel(1.3) * RBF(length_scale=1.2)),
+        False,
+    ),
+    (
+        "sklearn-ard-white",
+        lambda: SklearnKernel(
+            RBF(length_scale=[0.9, 1.3, 1.1, 2.0]) * ConstantKernel(0.8)
+            + WhiteKernel(0.1)
+        ),
+        False,
+    ),
+    (
+        "sklearn-dot-fixed",
+        lambda: SklearnKernel(
+            ConstantKernel(0.5, constant_value_bounds="fixed") * DotProduct(0.7)
+        ),
+        False,
+    ),
+]
+ALL_CASES = [pytest.param(f, s, id=i) for i, f, s in KERNEL_CASES]
+# (factory, sparse input) for every input kind a kernel accepts.
+INPUT_CASES = [
+    pytest.param(f, sparse, id=f"{i}-{'sparse' if sparse else 'dense'}")
+    for i, f, s in KERNEL_CASES
+    for sparse in ([False, True] if s else [False])
+]
+
+
+@pytest.fixture
+def rng():
+    return np.random.default_rng(0)
+
+
+def data(rng, n_x=7, n_y=5, d=4):
+    return rng.normal(size=(n_x, d)), rng.normal(size=(n_y, d))
+
+
+# ---------------------------------------------------------------------------
+# Values
+# ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("fmt_x", FORMATS)
+@pytest.mark.parametrize("fmt_y", FORMATS)
+def test_linear_values_match_reference(rng, fmt_x, fmt_y):
+    X = random_sparse(rng, 7, 6).toarray()
+    Y = random_sparse(rng, 5, 6).toarray()
+    kernel = LinearKernel(variance=0.6, bias=2.5)
+    K = kernel(as_format(X, fmt_x), as_format(Y, fmt_y))
+    assert type(K) is np.ndarray and K.shape == (7, 5)
+    np.testing.assert_allclose(K, linear_reference(X, Y, 0.6, 2.5), rtol=1e-12)
+    K_xx = kernel(as_format(X, fmt_x))
+    np.testing.assert_allclose(K_xx, linear_reference(X, X, 0.6, 2.5), rtol=1e-12)
+    np.testing.assert_array_equal(K_xx, K_xx.T)
+
+
+@pytest.mark.parametrize("fmt_x", FORMATS)
+@pytest.mark.parametrize("fmt_y", FORMATS)
+def test_rbf_values_match_reference(rng, fmt_x, fmt_y):
+    X = random_sparse(rng, 7, 6).toarray()
+    Y = random_sparse(rng, 5, 6).toarray()
+    kernel = RBFKernel(variance=1.5, length_scale=0.9)
+    K = kernel(as_format(X, fmt_x), as_format(Y, fmt_y))
+    assert type(K) is np.ndarray and K.shape == (7, 5)
+    np.testing.assert_allclose(K, rbf_reference(X, Y, 1.5, 0.9), rtol=1e-10)
+    K_xx = kernel(as_format(X, fmt_x))
+    np.testing.assert_allclose(K_xx, rbf_reference(X, X, 1.5, 0.9), rtol=1e-10)
+    np.testing.assert_array_equal(K_xx, K_xx.T)
+    np.testing.assert_array_equal(np.diag(K_xx), 1.5)
+
+
+def test_rbf_ard_matches_reference(rng):
+    X, Y = data(rng)
+    length_scale = np.array([0.5, 1.0, 2.0, 3.0])
+    kernel = RBFKernel(variance=0.9, length_scale=length_scale)
+    expected = rbf_reference(X, Y, 0.9, length_scale)
+    np.testing.assert_allclose(kernel(X, Y), expected, rtol=1e-10)
+    # An ARD kernel with equal length scales is the isotropic kernel.
+    np.testing.assert_allclose(
+        RBFKernel(0.9, [1.3] * 4)(X, Y), RBFKernel(0.9, 1.3)(X, Y), rtol=1e-12
+    )
+
+
+def test_high_dimensional_sparse_indicators(rng):
+    # CRF++-like rows: a few active binary features out of 200,000.
+    n_features = 200_000
+    rows = [rng.choice(n_features, size=12, replace=False) for _ in range(30)]
+    rows += [rows[0]]  # an exact duplicate token
+    indptr = np.arange(0, 12 * len(rows) + 1, 12)
+    X = sp.csr_matrix(
+        (np.ones(indptr[-1]), np.concatenate(rows), indptr),
+        shape=(len(rows), n_features),
+    )
+    # Reference on the compressed set of used columns (never densify all D).
+    used = np.unique(X.indices)
+    dense = X[:, used].toarray()
+    Z = X[:10]
+    np.testing.assert_allclose(
+        LinearKernel(0.5, 1.0)(X, Z), linear_reference(dense, dense[:10], 0.5, 1.0)
+    )
+    K = RBFKernel(2.0, 3.0)(X, Z)
+    np.testing.assert_allclose(K, rbf_reference(dense, dense[:10], 2.0, 3.0))
+    assert K[-1, 0] == 2.0  # identical rows: distance exactly zero
+
+
+def test_sparse_input_formats_and_duplicates(rng):
+    X = random_sparse(rng, 6, 5)
+    dense = X.toarray()
+    expected = rbf_reference(dense, dense, 1.0, 1.0)
+    kernel = RBFKernel()
+    for variant in (X.tocoo(), X.tocsc()):
+        np.testing.assert_allclose(kernel(variant), expected, rtol=1e-10)
+    X32 = X.astype(np.float32)
+    dense32 = X32.toarray().astype(np.float64)
+    np.testing.assert_allclose(
+        kernel(X32), rbf_reference(dense32, dense32, 1.0, 1.0), rtol=1e-10
+    )
+    # Non-canonical CSR: entries split in duplicates that must be summed.
+    coo = X.tocoo()
+    halves = np.concatenate([coo.data / 2, coo.data / 2])
+    duplicated = sp.csr_matrix(
+        (
+            halves,
+            np.concatenate([coo.col, coo.col]),
+            np.concatenate([[0], np.cumsum(np.bincount(coo.row, minlength=6) * 2)]),
+        ),
+        shape=X.shape,
+    )
+    order = np.argsort(np.concatenate([coo.row, coo.row]), kind="stable")
+    duplicated.data = halves[order]
+    duplicated.indices = np.concatenate([coo.col, coo.col])[order]
+    duplicated.has_canonical_format = False
+    np.testing.assert_allclose(duplicated.toarray(), dense)
+    np.testing.assert_allclose(kernel(duplicated), expected, rtol=1e-10)
+    np.testing.assert_allclose(kernel.diag(duplicated), 1.0)
+    np.testing.assert_allclose(
+        LinearKernel().diag(duplicated), np.sum(dense**2, axis=1) + 1.0
+    )
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_all_zero_and_empty_inputs(fmt):
+    Z = np.zeros((3, 4))
+    for kernel in (LinearKernel(2.0, 0.5), RBFKernel(2.0, 0.5)):
+        expected = np.full((3, 2), 1.0 if isinstance(kernel, LinearKernel) else 2.0)
+        np.testing.assert_array_equal(
+            kernel(as_format(Z, fmt), as_format(Z[:2], fmt)), expected
+        )
+        assert kernel(as_format(Z[:0], fmt), as_format(Z, fmt)).shape == (0, 3)
+        assert kernel.diag(as_format(Z[:0], fmt)).shape == (0,)
+
+
+def test_integer_and_list_inputs(rng):
+    X = rng.integers(0, 2, size=(4, 3))
+    np.testing.assert_allclose(
+        LinearKernel()(X.tolist()), linear_reference(X.astype(float), X, 1.0, 1.0)
+    )
+
+
+@pytest.mark.parametrize(("factory", "supports_sparse"), ALL_CASES)
+def test_diag_matches_full_matrix(rng, factory, supports_sparse):
+    X, _ = data(rng)
+    kernel = factory()
+    diag = kernel.diag(X)
+    assert diag.shape == (X.shape[0],)
+    np.testing.assert_allclose(diag, np.diag(kernel(X)), rtol=1e-12)
+    if supports_sparse:
+        Xs = sp.csr_matrix(X)
+        np.testing.assert_allclose(kernel.diag(Xs), diag, rtol=1e-12)
+        np.testing.assert_allclose(kernel(Xs), kernel(X), rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize(("factory", "supports_sparse"), ALL_CASES)
+def test_kernel_matrices_are_psd(factory, supports_sparse):
+    rng = np.random.default_rng(3)
+    # Duplicated rows make the matrix singular, the hardest case.
+    X = rng.normal(size=(25, 4))
+    X = np.vstack([X, X[:5]])
+    kernel = factory()
+    inputs = [X, sp.csr_matrix(X)] if supports_sparse else [X]
+    for Xi in inputs:
+        K = kernel(Xi)
+        np.testing.assert_array_equal(K, K.T)
+        eigenvalues = np.linalg.eigvalsh(K)
+        assert eigenvalues.min() >= -1e-10 * np.abs(eigenvalues).max()
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    seed=st.integers(0, 2**32 - 1),
+    n=st.integers(1, 8),
+    d=st.integers(1, 6),
+    density=st.floats(0.0, 1.0),
+    variance=st.floats(0.1, 10.0),
+    length_scale=st.floats(0.1, 10.0),
+)
+def test_dense_and_sparse_agree_property(seed, n, d, density, variance, length_scale):
+    rng = np.random.default_rng(seed)
+    X = random_sparse(rng, n, d, density=density)
+    Y = random_sparse(rng, 3, d, density=density)
+    for kernel in (LinearKernel(variance, 0.5), RBFKernel(variance, length_scale)):
+        np.testing.assert_allclose(
+            kernel(X, Y), kernel(X.toarray(), Y.toarray()), rtol=1e-9, atol=1e-12
+        )
+        K = kernel(X)
+        assert np.all(np.linalg.eigvalsh(K) >= -1e-10 * max(1.0, np.abs(K).max()))
+
+
+# ---------------------------------------------------------------------------
+# Gradients against central finite differences
+# ---------------------------------------------------------------------------
+
+
+def finite_difference(function, theta, step=1e-6):
+    grad = np.empty_like(theta)
+    for p in range(theta.size):
+        up, down = theta.copy(), theta.copy()
+        up[p] += step
+        down[p] -= step
+        grad[p] = (function(up) - function(down)) / (2 * step)
+    return grad
+
+
+@pytest.mark.parametrize("with_y", [False, True], ids=["Y=None", "Y"])
+@pytest.mark.parametrize(("factory", "sparse"), INPUT_CASES)
+def test_gradient_vjp_matches_finite_differences(rng, factory, sparse, with_y):
+    X, Y = data(rng)
+    if sparse:
+        X, Y = sp.csr_matrix(X), sp.csr_matrix(Y)
+    Y = Y if with_y else None
+    kernel = factory()
+    theta = kernel.theta
+    G = rng.normal(size=(X.shape[0], X.shape[0] if Y is None else Y.shape[0]))
+    grad = kernel.gradient_vjp(X, Y, G)
+    assert grad.shape == (kernel.n_dims,)
+
+    def objective(t):
+        return np.sum(G * kernel.clone_with_theta(t)(X, Y))
+
+    expected = finite_difference(objective, theta)
+    np.testing.assert_allclose(grad, expected, rtol=1e-6, atol=1e-7)
+    np.testing.assert_array_equal(kernel.theta, theta)  # not modified
+
+
+@pytest.mark.parametrize(("factory", "sparse"), INPUT_CASES)
+def test_diag_gradient_vjp_matches_finite_differences(rng, factory, sparse):
+    X, _ = data(rng)
+    X = sp.csr_matrix(X) if sparse else X
+    kernel = factory()
+    g = rng.normal(size=X.shape[0])
+    grad = kernel.diag_gradient_vjp(X, g)
+    assert grad.shape == (kernel.n_dims,)
+
+    def objective(t):
+        return g @ kernel.clone_with_theta(t).diag(X)
+
+    expected = finite_difference(objective, kernel.theta)
+    np.testing.assert_allclose(grad, expected, rtol=1e-6, atol=1e-7)
+
+
+def test_gradient_vjp_with_everything_fixed(rng):
+    X, Y = data(rng)
+    kernel = LinearKernel(variance_bounds="fixed", bias_bounds="fixed")
+    assert kernel.n_dims == 0
+    assert kernel.gradient_vjp(X, Y, np.ones((7, 5))).shape == (0,)
+    assert kernel.diag_gradient_vjp(X, np.ones(7)).shape == (0,)
+    assert kernel.bounds.shape == (0, 2)
+    assert kernel.hyperparameter_names == []
+
+
+@pytest.mark.parametrize(
+    "sk_kernel",
+    [
+        ConstantKernel(1.3) * RBF(length_scale=[0.9, 1.3, 1.1, 2.0])
+        + WhiteKernel(0.1),
+        ConstantKernel(0.5) * DotProduct(0.7) + WhiteKernel(0.2),
+    ],
+    ids=["stationary", "non-stationary"],
+)
+def test_sklearn_blocked_gradients_match_unblocked(rng, monkeypatch, sk_kernel):
+    X, Y = data(rng, n_x=11, n_y=9)
+    kernel = SklearnKernel(sk_kernel)
+    G_xx = rng.normal(size=(11, 11))
+    G_xy = rng.normal(size=(11, 9))
+    g = rng.normal(size=11)
+    whole = (
+        kernel.gradient_vjp(X, None, G_xx),
+        kernel.gradient_vjp(X, Y, G_xy),
+        kernel.diag_gradient_vjp(X, g),
+    )
+    # Force blocks of a few rows.
+    budget = 8 * kernel.n_dims * 25  # blocks of 5 stacked rows
+    monkeypatch.setattr(kernels_module, "_SKLEARN_GRADIENT_BYTES", budget)
+    monkeypatch.setattr(kernels_module, "_SKLEARN_DIAG_BLOCK_ROWS", 3)
+    assert kernel._block_rows() == 5
+    blocked = (
+        kernel.gradient_vjp(X, None, G_xx),
+        kernel.gradient_vjp(X, Y, G_xy),
+        kernel.diag_gradient_vjp(X, g),
+    )
+    for b, w in zip(blocked, whole, strict=True):
+        np.testing.assert_allclose(b, w, rtol=1e-10, atol=1e-12)
+
+
+# ---------------------------------------------------------------------------
+# scikit-learn adapter
+# ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "sk_kernel",
+    [RBF(length_scale=0.7) * ConstantKernel(2.0), ConstantKernel() * RBF()],
+)
+def test_sklearn_kernel_matches_sklearn(rng, sk_kernel):
+    X, Y = data(rng)
+    kernel = SklearnKernel(sk_kernel)
+    np.testing.assert_allclose(kernel(X, Y), sk_kernel(X, Y))
+    np.testing.assert_allclose(kernel(X), sk_kernel(X))
+    np.testing.assert_allclose(kernel.diag(X), sk_kernel.diag(X))
+    np.testing.assert_array_equal(kernel.theta, sk_kernel.theta)
+    np.testing.assert_array_equal(kernel.bounds, sk_kernel.bounds)
+    # The symmetric gradient is sklearn's own Jacobian contracted with G.
+    G = rng.normal(size=(7, 7))
+    _, jacobian = sk_kernel(X, eval_gradient=True)
+    np.testing.assert_allclose(
+        kernel.gradient_vjp(X, None, G), np.einsum("ij,ijp->p", G, jacobian)
+    )
+
+
+def test_sklearn_kernel_refuses_sparse(rng):
+    X, Y = data(rng)
+    kernel = SklearnKernel(ConstantKernel() * RBF())
+    Xs = sp.csr_matrix(X)
+    for call in (
+        lambda: kernel(Xs),
+        lambda: kernel(X, sp.csr_matrix(Y)),
+        lambda: kernel.diag(Xs),
+        lambda: kernel.gradient_vjp(Xs, None, np.ones((7, 7))),
+        lambda: kernel.diag_gradient_vjp(Xs, np.ones(7)),
+    ):
+        with pytest.raises(ValueError, match="dense"):
+            call()
+
+
+def test_sklearn_kernel_names_and_theta():
+    sk_kernel = ConstantKernel(2.0, constant_value_bounds="fixed") * RBF([1.0, 2.0])
+    kernel = SklearnKernel(sk_kernel)
+    assert kernel.hyperparameter_names == ["k2__length_scale[0]", "k2__length_scale[1]"]
+    kernel.theta = np.log([3.0, 4.0])
+    np.testing.assert_allclose(sk_kernel.k2.length_scale, [3.0, 4.0])
+    clone_ = kernel.clone_with_theta(np.log([5.0, 6.0]))
+    np.testing.assert_allclose(sk_kernel.k2.length_scale, [3.0, 4.0])
+    np.testing.assert_allclose(clone_.kernel.k2.length_scale, [5.0, 6.0])
+    with pytest.raises(ValueError, match="shape"):
+        kernel.theta = [1.0]
+    with pytest.raises(ValueError, match="sklearn.gaussian_process"):
+        SklearnKernel("rbf").theta  # noqa: B018
+
+
+# ---------------------------------------------------------------------------
+# Hyperparameters, parameters and specifications
+# ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("factory", "supports_sparse"), ALL_CASES)
+def test_theta_round_trip_and_bounds(factory, supports_sparse):
+    kernel = factory()
+    theta = kernel.theta
+    assert theta.shape == (kernel.n_dims,)
+    assert kernel.bounds.shape == (kernel.n_dims, 2)
+    assert len(kernel.hyperparameter_names) == kernel.n_dims
+    assert np.all(kernel.bounds[:, 0] <= theta)
+    assert np.all(theta <= kernel.bounds[:, 1])
+    new_theta = theta + np.linspace(-0.3, 0.4, theta.size)
+    kernel.theta = new_theta
+    np.testing.assert_allclose(kernel.theta, new_theta, rtol=1e-13)
+    # The same values through clone_with_theta, leaving the original alone.
+    clone_ = factory().clone_with_theta(new_theta)
+    np.testing.assert_allclose(clone_.theta, new_theta, rtol=1e-13)
+
+
+def test_theta_maps_to_hyperparameters():
+    kernel = LinearKernel(variance=2.0, bias=0.5, bias_bounds=(0.1, 10.0))
+    assert kernel.hyperparameter_names == ["variance", "bias"]
+    np.testing.assert_allclose(kernel.theta, np.log([2.0, 0.5]))
+    np.testing.assert_allclose(kernel.bounds, np.log([[1e-5, 1e5], [0.1, 10.0]]))
+    kernel.theta = np.log([3.0, 0.25])
+    assert kernel.variance == pytest.approx(3.0)
+    assert kernel.bias == pytest.approx(0.25)
+    assert isinstance(kernel.variance, float)
+
+    fixed = RBFKernel(variance=2.0, length_scale=0.5, variance_bounds="fixed")
+    assert fixed.hyperparameter_names == ["length_scale"]
+    fixed.theta = [np.log(4.0)]
+    assert fixed.variance == 2.0
+    assert fixed.length_scale == pytest.approx(4.0)
+
+    ard = RBFKernel(length_scale=[1.0, 2.0], length_scale_bounds=[[0.1, 5], [1, 3]])
+    names = ["variance", "length_scale[0]", "length_scale[1]"]
+    assert ard.hyperparameter_names == names
+    np.testing.assert_allclose(ard.bounds[1:], np.log([[0.1, 5], [1, 3]]))
+    ard.theta = np.log([1.0, 3.0, 4.0])
+    np.testing.assert_allclose(ard.length_scale, [3.0, 4.0])
+
+
+def test_clone_with_theta_leaves_original_unchanged():
+    kernel = RBFKernel(variance=1.5, length_scale=0.3)
+    other = kernel.clone_with_theta(np.log([2.0, 5.0]))
+    assert other is not kernel
+    assert (kernel.variance, kernel.length_scale) == (1.5, 0.3)
+    assert other.variance == pytest.approx(2.0)
+    assert other.length_scale == pytest.approx(5.0)
+
+
+class _Holder(BaseEstimator):
+    def __init__(self, kernel="linear"):
+        self.kernel = kernel
+
+
+@pytest.mark.parametrize(
+    "kernel",
+    [
+        RBFKernel(1.5, 0.3, length_scale_bounds="fixed"),
+        LinearKernel(bias=0.0, bias_bounds="fixed"),
+        RBFKernel(length_scale=np.array([1.0, 2.0])),
+        SklearnKernel(ConstantKernel() * RBF()),
+    ],
+    ids=repr,
+)
+def test_sklearn_clone_of_holder(kernel):
+    holder = _Holder(kernel=kernel)
+    cloned = clone(holder)
+    assert cloned.kernel is not kernel
+    assert type(cloned.kernel) is type(kernel)
+    np.testing.assert_array_equal(cloned.kernel.theta, kernel.theta)
+    cloned.kernel.theta = cloned.kernel.theta + 1.0
+    assert not np.allclose(cloned.kernel.theta, kernel.theta)
+    assert repr(clone(holder).kernel) == repr(kernel)
+    restored = pickle.loads(pickle.dumps(kernel))
+    assert repr(restored) == repr(kernel)
+
+
+def test_get_params_set_params():
+    kernel = LinearKernel(variance=2.0)
+    assert kernel.get_params() == {
+        "variance": 2.0,
+        "bias": 1.0,
+        "variance_bounds": (1e-5, 1e5),
+        "bias_bounds": (1e-5, 1e5),
+    }
+    assert kernel.set_params(bias=0.5, bias_bounds="fixed") is kernel
+    assert kernel.hyperparameter_names == ["variance"]
+    with pytest.raises(ValueError, match="invalid parameter 'length_scale'"):
+        kernel.set_params(length_scale=1.0)
+    wrapped = SklearnKernel(ConstantKernel(2.0) * RBF(1.0))
+    params = wrapped.get_params(deep=True)
+    assert params["kernel__k2__length_scale"] == 1.0
+    wrapped.set_params(kernel__k2__length_scale=3.0)
+    assert wrapped.kernel.k2.length_scale == 3.0
+    assert set(wrapped.get_params(deep=False)) == {"kernel"}
+
+
+def test_repr():
+    assert repr(RBFKernel(variance=1.5, length_scale=0.3)) == (
+        "RBFKernel(variance=1.5, length_scale=0.3)"
+    )
+    assert repr(LinearKernel(bias=0.0, bias_bounds="fixed")) == (
+        "LinearKernel(variance=1, bias=0, bias_bounds='fixed')"
+    )
+    assert repr(RBFKernel(length_scale=[1.0, 2.5])) == (
+        "RBFKernel(variance=1, length_scale=[1, 2.5])"
+    )
+    assert repr(SklearnKernel(RBF(2.0))) == "SklearnKernel(kernel=RBF(length_scale=2))"
+
+
+def test_get_kernel():
+    assert set(KERNELS) == {"linear", "rbf"}
+    assert isinstance(get_kernel("linear"), LinearKernel)
+    assert isinstance(get_kernel("rbf"), RBFKernel)
+    assert get_kernel("rbf") is not get_kernel("rbf")
+    user = RBFKernel(variance=2.0)
+    copied = get_kernel(user)
+    assert copied is not user and repr(copied) == repr(user)
+    copied.theta = [0.0, 0.0]
+    assert user.variance == 2.0
+    sk_kernel = ConstantKernel(2.0) * RBF(1.0)
+    wrapped = get_kernel(sk_kernel)
+    assert isinstance(wrapped, SklearnKernel) and wrapped.kernel is not sk_kernel
+    wrapped.theta = [0.0, 0.0]
+    assert sk_kernel.k1.constant_value == 2.0
+    with pytest.raises(ValueError, match=r"unknown kernel 'poly'.*'linear', 'rbf'"):
+        get_kernel("poly")
+    for bad in (None, 3, RBFKernel):
+        with pytest.raises(ValueError, match="kernel must be one of"):
+            get_kernel(bad)
+
+
+def test_check_kernel():
+    assert isinstance(check_kernel("rbf", sparse=True), RBFKernel)
+    assert isinstance(check_kernel(RBF(), sparse=False), SklearnKernel)
+    with pytest.raises(ValueError, match="scikit-learn kernel.*sparse"):
+        check_kernel(RBF(), sparse=True)
+    with pytest.raises(ValueError, match="ARD"):
+        check_kernel(RBFKernel(length_scale=[1.0, 2.0]), sparse=True)
+    with pytest.raises(ValueError, match="variance must be finite and > 0"):
+        check_kernel(LinearKernel(variance=-1.0), sparse=False)
+    with pytest.raises(ValueError, match="bias must be finite and > 0"):
+        check_kernel(LinearKernel(bias=0.0), sparse=False)
+    with pytest.raises(ValueError, match="bias_bounds must be 'fixed' or a pair"):
+        check_kernel(LinearKernel(bias_bounds="free"), sparse=False)
+    with pytest.raises(ValueError, match="0 < low <= high"):
+        check_kernel(RBFKernel(length_scale_bounds=(0.0, 1.0)), sparse=False)
+    with pytest.raises(ValueError, match=r"array of shape \(2, 2\)"):
+        check_kernel(
+            RBFKernel(length_scale=[1.0, 2.0], length_scale_bounds=[1, 2, 3]),
+            sparse=False,
+        )
+
+
+# ---------------------------------------------------------------------------
+# Input validation
+# ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("factory", "supports_sparse"), ALL_CASES)
+def test_input_errors(rng, factory, supports_sparse):
+    kernel = factory()
+    X = rng.normal(size=(4, 4))
+    with pytest.raises(ValueError, match="X and Y must have the same number"):
+        kernel(X, rng.normal(size=(3, 5)))
+    with pytest.raises(ValueError, match="X with 4 and Y with 5"):
+        kernel.gradient_vjp(X, rng.normal(size=(3, 5)), np.ones((4, 3)))
+    with pytest.raises(ValueError, match="X must be a 2-D matrix"):
+        kernel(np.ones(4))
+    with pytest.raises(ValueError, match=r"G must have shape \(4, 4\)"):
+        kernel.gradient_vjp(X, None, np.ones((4, 3)))
+    with pytest.raises(ValueError, match=r"g must have shape \(4,\)"):
+        kernel.diag_gradient_vjp(X, np.ones(3))
+    with pytest.raises(ValueError, match="theta must have shape"):
+        kernel.theta = np.zeros(kernel.n_dims + 1)
+
+
+def test_ard_errors(rng):
+    kernel = RBFKernel(length_scale=[1.0, 2.0, 3.0])
+    with pytest.raises(ValueError, match="3 entries .* 4 features"):
+        kernel(rng.normal(size=(3, 4)))
+    with pytest.raises(ValueError, match="ARD.*dense"):
+        kernel(sp.csr_matrix(rng.normal(size=(3, 3))))
+
+
+def test_kernel_is_abstract():
+    with pytest.raises(TypeError):
+        Kernel()
