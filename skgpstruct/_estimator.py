@@ -11,7 +11,6 @@ from sklearn.exceptions import ConvergenceWarning
 from sklearn.utils.validation import check_is_fitted
 
 from . import chain
-from ._linalg import jitter_cholesky
 from ._sequences import (
     check_sequence_features,
     check_sequence_labels,
@@ -21,10 +20,14 @@ from ._sequences import (
     stack_sequences,
 )
 from .inference.elbo import SparseELBO
-from .inference.inducing import select_inducing_points
+from .inference.inducing import (
+    InducingFeatures,
+    InducingPoints,
+    select_inducing_points,
+)
 from .inference.posterior import ParameterLayout, VariationalParameters
-from .inference.terms import Chunk, project, sample_unary
-from .kernels import check_kernel
+from .inference.terms import Chunk, sample_unary
+from .kernels import LinearKernel, check_kernel
 from .likelihoods import get_likelihood
 from .optim.lbfgs import Timer, minimize_lbfgs
 
@@ -33,13 +36,15 @@ __all__ = ["GPStructClassifier"]
 # A chunk closes once it holds this many tokens. Fixed (never derived from
 # n_jobs) so that results are bit-identical for every n_jobs and backend.
 CHUNK_TOKENS = 2000
+# Largest number of inducing features for which full covariances are allowed.
+_MAX_FULL_FEATURES = 2000
 
 _OPTIONS = {
     "covariance": ("full", "diag"),
     "gradient": ("pathwise", "score"),
     "optimizer": ("lbfgs",),
     "decode": ("viterbi", "marginal"),
-    "inducing": ("kmeans++", "random"),
+    "inducing": ("auto", "features", "kmeans++", "random"),
 }
 
 
@@ -89,8 +94,15 @@ class GPStructClassifier(BaseEstimator):
         Optimise the kernel hyperparameters with the ELBO; False freezes them.
     pairwise_prior_variance : float, default=1.0
         Prior variance of every pairwise potential.
-    inducing : {"kmeans++", "random"}, default="kmeans++"
-        How inducing inputs are drawn among the distinct training tokens.
+    inducing : {"auto", "features", "kmeans++", "random"}, default="auto"
+        The inducing variables. ``"features"`` (linear kernel only) takes
+        the weight of every feature as an inducing variable: exact, and
+        cheap for sparse indicator features (M = n_features + 1, the
+        ``n_inducing`` parameter is then unused). ``"kmeans++"`` and
+        ``"random"`` draw ``n_inducing`` inducing inputs among the distinct
+        training tokens (k-means++ seeding in the kernel's feature space, or
+        uniformly). ``"auto"`` is ``"features"`` for the linear kernel with
+        diagonal covariances and ``"kmeans++"`` otherwise.
     n_predict_samples : int, default=32
         Posterior samples averaged by :meth:`predict_marginals`.
     n_jobs : int or None, default=None
@@ -111,7 +123,11 @@ class GPStructClassifier(BaseEstimator):
     classes_ : ndarray of shape (n_classes,)
         Labels seen in ``fit``, sorted; columns of :meth:`predict_marginals`.
     n_features_in_ : int
-    inducing_points_ : ndarray or CSR matrix of shape (M, n_features)
+    inducing_ : InducingPoints or InducingFeatures
+        The inducing variables: inducing inputs among the training tokens,
+        or (linear kernel, ``inducing="features"``) the feature weights.
+    inducing_points_ : ndarray or CSR matrix of shape (M, n_features) or None
+        The inducing inputs; None with inducing features.
     kernel_ : Kernel
         The kernel with its learned hyperparameters.
     q_mu_ : ndarray of shape (K, n_classes, M)
@@ -163,7 +179,7 @@ class GPStructClassifier(BaseEstimator):
         decode="viterbi",
         learn_hyperparameters=True,
         pairwise_prior_variance=1.0,
-        inducing="kmeans++",
+        inducing="auto",
         n_predict_samples=32,
         n_jobs=None,
         random_state=None,
@@ -275,7 +291,7 @@ class GPStructClassifier(BaseEstimator):
                 "covariance and n_components as the previous fit"
             )
         if warm:
-            kernel, Z = self.kernel_, self.inducing_points_
+            kernel, inducing = self.kernel_, self.inducing_
             params = VariationalParameters(
                 self.q_mu_, self.q_sqrt_, self.weights_,
                 self.pairwise_mean_, self.pairwise_std_,
@@ -288,16 +304,15 @@ class GPStructClassifier(BaseEstimator):
                     kernel.theta - np.log(np.mean(kernel.diag(X_all)))
                     * (np.array(kernel.hyperparameter_names) == "variance")
                 )
-            chosen = select_inducing_points(
-                X_all, kernel, self.n_inducing, self.inducing, rng
+            inducing = self._make_inducing(X_all, kernel, rng)
+            params = self._initial_parameters(
+                len(classes), inducing.n_inducing, rng
             )
-            Z = X_all[chosen]
-            params = self._initial_parameters(len(classes), Z.shape[0], rng)
 
         n_classes = len(classes)
         n_theta = len(kernel.theta) if self.learn_hyperparameters else 0
         layout = ParameterLayout(
-            self.n_components, n_classes, Z.shape[0],
+            self.n_components, n_classes, inducing.n_inducing,
             self.covariance == "full", n_theta,
         )
         x0 = layout.pack(params, kernel.theta if n_theta else None)
@@ -317,12 +332,12 @@ class GPStructClassifier(BaseEstimator):
             for sl, s in zip(slices, chunk_seeds, strict=True)
         ]
         objective = SparseELBO(
-            chunks, Z, kernel, likelihood, layout,
+            chunks, inducing, kernel, likelihood, layout,
             n_samples=self.n_samples,
             estimator=self.gradient,
             pairwise_prior_variance=float(self.pairwise_prior_variance),
             pairwise_noise=rng.standard_normal((self.n_samples, n_classes, n_classes)),
-            residual_floor=1e-8 * float(np.mean(kernel.diag(Z))),
+            residual_floor=1e-8 * float(np.mean(kernel.diag(X_all))),
         )
         bounds = [(None, None)] * layout.size
         if n_theta:
@@ -362,7 +377,8 @@ class GPStructClassifier(BaseEstimator):
         params, theta = layout.unpack(result.x)
         self.classes_ = classes
         self.n_features_in_ = n_features
-        self.inducing_points_ = Z
+        self.inducing_ = inducing
+        self.inducing_points_ = getattr(inducing, "Z", None)
         self.kernel_ = objective.kernel_at(theta)
         self.q_mu_ = params.q_mu
         self.q_sqrt_ = params.q_sqrt
@@ -374,9 +390,34 @@ class GPStructClassifier(BaseEstimator):
             self.elbo_history_ + history if warm else history
         )
         self.n_iter_ = result.n_iter
-        self._L_zz, _ = jitter_cholesky(self.kernel_(Z), name="K_zz")
+        self._inducing_state = inducing.prepare(self.kernel_)
         self._predict_seed = int(rng.integers(2**63))
         return self
+
+    def _make_inducing(self, X_all, kernel, rng):
+        method = self.inducing
+        if method == "auto":
+            method = (
+                "features"
+                if isinstance(kernel, LinearKernel) and self.covariance == "diag"
+                else "kmeans++"
+            )
+        if method == "features":
+            if not isinstance(kernel, LinearKernel):
+                raise ValueError(
+                    "inducing='features' needs the linear kernel, got "
+                    f"{kernel!r}; use inducing='kmeans++' or 'random'"
+                )
+            if self.covariance == "full" and X_all.shape[1] + 1 > _MAX_FULL_FEATURES:
+                raise ValueError(
+                    f"covariance='full' with inducing='features' needs a "
+                    f"({X_all.shape[1] + 1} x {X_all.shape[1] + 1}) factor per "
+                    f"label; use covariance='diag' or inducing points "
+                    f"(n_features + 1 must be <= {_MAX_FULL_FEATURES})"
+                )
+            return InducingFeatures(X_all.shape[1])
+        chosen = select_inducing_points(X_all, kernel, self.n_inducing, method, rng)
+        return InducingPoints(X_all[chosen])
 
     def _initial_parameters(self, n_classes, n_inducing, rng):
         K, V, M = self.n_components, n_classes, n_inducing
@@ -438,7 +479,7 @@ class GPStructClassifier(BaseEstimator):
         """
         sequences = self._check_predict_input(X)
         params = self._params()
-        K, V, M = params.q_mu.shape
+        K, V, _ = params.q_mu.shape
         S = self.n_predict_samples
         out = [None] * len(sequences)
         seed = np.random.SeedSequence(self._predict_seed)
@@ -450,11 +491,11 @@ class GPStructClassifier(BaseEstimator):
                     out[i] = np.zeros((0, V))
                 continue
             rng = np.random.default_rng(cseed)
-            B, residual = project(self.kernel_, self.inducing_points_, self._L_zz, X_c)
-            n_seq, T = len(offsets) - 1, X_c.shape[0]
-            eps = rng.standard_normal((K, V, M, n_seq * S))
-            xi = rng.standard_normal((K, S, T, V))
-            unary, _ = sample_unary(params, B, np.sqrt(residual), offsets, eps, xi)
+            projection = self._project(X_c, offsets)
+            T = X_c.shape[0]
+            unary, _ = sample_unary(
+                params, projection, np.sqrt(projection.residual), S, rng
+            )
             pairwise = (
                 params.pairwise_mean[None]
                 + params.pairwise_std[None] * rng.standard_normal((S, V, V))
@@ -469,10 +510,20 @@ class GPStructClassifier(BaseEstimator):
                 out[i] = piece
         return out
 
-    def _mean_potentials(self, X_c):
-        B, _ = project(self.kernel_, self.inducing_points_, self._L_zz, X_c)
+    def _project(self, X_c, offsets):
+        return self.inducing_.project(
+            self.kernel_, self._inducing_state, X_c, offsets
+        )
+
+    def _mean_potentials(self, X_c, offsets):
+        """Posterior mean of the unary potentials, (n_tokens, n_classes)."""
+        projection = self._project(X_c, offsets)
         mean_mu = np.einsum("k,kvm->vm", self.weights_, self.q_mu_)
-        return (mean_mu @ B).T
+        pieces = [
+            (mean_mu if rows is None else mean_mu[:, rows]) @ B_n
+            for rows, B_n in zip(projection.rows, projection.B, strict=True)
+        ]
+        return np.concatenate(pieces, axis=1).T
 
     def predict(self, X):
         """Most probable labelling of every sequence.
@@ -500,7 +551,7 @@ class GPStructClassifier(BaseEstimator):
                     out[i] = self.classes_[:0]
                 continue
             labels, _ = chain.viterbi(
-                self._mean_potentials(X_c), self.pairwise_mean_, offsets
+                self._mean_potentials(X_c, offsets), self.pairwise_mean_, offsets
             )
             for i, piece in zip(range(sl.start, sl.stop),
                                 split_by_offsets(labels, offsets), strict=True):

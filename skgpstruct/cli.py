@@ -101,7 +101,7 @@ def _add_demo(subparsers):
         "-q", "--quiet", action="store_true",
         help="do not print the ELBO progress lines",
     )
-    parser.set_defaults(run=_run_demo)
+    parser.set_defaults(run=_run_demo, parser=parser)
 
 
 def _run_demo(args):
@@ -231,5 +231,9 @@ def main(argv=None):
         and exit with status 2.
     """
     parser = _build_parser()
-    args = parser.parse_args(sys.argv[1:] if argv is None else argv)
+    args, extra = parser.parse_known_args(sys.argv[1:] if argv is None else argv)
+    if extra:
+        # Report unknown options with the sub-command's usage, not the
+        # top-level one argparse would show.
+        args.parser.error(f"unrecognized arguments: {' '.join(extra)}")
     return args.run(args)

@@ -23,7 +23,11 @@ from scipy.special import logsumexp
 from skgpstruct._linalg import cholesky_backward, jitter_cholesky
 from skgpstruct._sequences import chunk_slices, stack_sequences
 from skgpstruct.inference.elbo import SparseELBO
-from skgpstruct.inference.inducing import distinct_rows
+from skgpstruct.inference.inducing import (
+    InducingFeatures,
+    InducingPoints,
+    distinct_rows,
+)
 from skgpstruct.inference.posterior import (
     ParameterLayout,
     VariationalParameters,
@@ -54,8 +58,15 @@ def _random_params(rng, K, full, V=V, M=M):
     )
 
 
-def _problem(kernel_name, *, K=1, full=False, estimator="pathwise", S=3, seed=0):
-    """A tiny fixed-sample ELBO: 6 sequences of 1-5 tokens in 2 chunks."""
+def _problem(
+    kernel_name, *, K=1, full=False, estimator="pathwise", S=3, seed=0,
+    features=False,
+):
+    """A tiny fixed-sample ELBO: 6 sequences of 1-5 tokens in 2 chunks.
+
+    ``features=True`` uses the weights of the linear kernel as inducing
+    variables instead of inducing points.
+    """
     rng = np.random.default_rng(seed)
     lengths = [3, 1, 5, 2, 4, 3]
     if kernel_name == "rbf":
@@ -73,7 +84,11 @@ def _problem(kernel_name, *, K=1, full=False, estimator="pathwise", S=3, seed=0)
     y = [rng.integers(V, size=t) for t in lengths]
     Xs, offsets = stack_sequences(X)
     labels = np.concatenate(y).astype(np.int64)
-    Z = Xs[distinct_rows(Xs)[:M]]
+    if features:
+        inducing = InducingFeatures(Xs.shape[1])
+    else:
+        inducing = InducingPoints(Xs[distinct_rows(Xs)[:M]])
+    n_inducing = inducing.n_inducing
     seeds = np.random.SeedSequence(seed).spawn(8)
     chunks = [
         Chunk(
@@ -85,10 +100,10 @@ def _problem(kernel_name, *, K=1, full=False, estimator="pathwise", S=3, seed=0)
         for i, sl in enumerate(chunk_slices(lengths, 8))
     ]
     assert len(chunks) == 2
-    layout = ParameterLayout(K, V, M, full, kernel.n_dims)
+    layout = ParameterLayout(K, V, n_inducing, full, kernel.n_dims)
     objective = SparseELBO(
         chunks,
-        Z,
+        inducing,
         kernel,
         ChainCRF(),
         layout,
@@ -98,23 +113,25 @@ def _problem(kernel_name, *, K=1, full=False, estimator="pathwise", S=3, seed=0)
         pairwise_noise=rng.normal(size=(S, V, V)),
         residual_floor=1e-6,
     )
-    x0 = layout.pack(_random_params(rng, K, full), kernel.theta)
+    x0 = layout.pack(_random_params(rng, K, full, M=n_inducing), kernel.theta)
     return objective, layout, x0
 
 
 @pytest.mark.parametrize(
-    "kernel_name, K, full",
+    "kernel_name, K, full, features",
     [
-        ("rbf", 1, False),
-        ("rbf", 1, True),
-        ("rbf", 2, False),
-        ("rbf", 2, True),
-        ("linear", 1, False),
-        ("linear", 3, True),
+        ("rbf", 1, False, False),
+        ("rbf", 1, True, False),
+        ("rbf", 2, False, False),
+        ("rbf", 2, True, False),
+        ("linear", 1, False, False),
+        ("linear", 3, True, False),
+        ("linear", 1, False, True),
+        ("linear", 2, True, True),
     ],
 )
-def test_pathwise_gradient_matches_finite_differences(kernel_name, K, full):
-    objective, layout, x0 = _problem(kernel_name, K=K, full=full)
+def test_pathwise_gradient_matches_finite_differences(kernel_name, K, full, features):
+    objective, layout, x0 = _problem(kernel_name, K=K, full=full, features=features)
     rng = np.random.default_rng(1)
     with Parallel(n_jobs=1) as parallel:
         gradient = objective.evaluate(x0, parallel).gradient
@@ -174,9 +191,9 @@ def test_score_gradient_is_exact_gradient_of_importance_weighted_objective():
         params, theta = layout.unpack(vector)
         kernel = objective.kernel_at(theta)
         return SharedState(
-            Z=objective.Z,
+            inducing=objective.inducing,
+            inducing_state=np.linalg.cholesky(kernel(objective.inducing.Z)),
             kernel=kernel,
-            L_zz=np.linalg.cholesky(kernel(objective.Z)),
             params=params,
             pairwise_noise=objective.pairwise_noise,
             likelihood=likelihood,
@@ -208,8 +225,8 @@ def test_score_gradient_is_exact_gradient_of_importance_weighted_objective():
         f = np.empty((S, t1 - t0, V))
         for j in range(V):
             mean, sigma = _reference_marginal(
-                kernel0, objective.Z, chunk.X[t0:t1], params0.q_mu[0, j], cov0[j],
-                objective.residual_floor,
+                kernel0, objective.inducing.Z, chunk.X[t0:t1], params0.q_mu[0, j],
+                cov0[j], objective.residual_floor,
             )
             f[:, :, j] = (mean[:, None] + np.linalg.cholesky(sigma) @ eta[j, t0:t1]).T
         samples.append(f)
@@ -234,8 +251,8 @@ def test_score_gradient_is_exact_gradient_of_importance_weighted_objective():
             t0, t1 = chunk.offsets[n], chunk.offsets[n + 1]
             for j in range(V):
                 mean, sigma = _reference_marginal(
-                    kernel, objective.Z, chunk.X[t0:t1], params.q_mu[0, j], cov[j],
-                    objective.residual_floor,
+                    kernel, objective.inducing.Z, chunk.X[t0:t1], params.q_mu[0, j],
+                    cov[j], objective.residual_floor,
                 )
                 out[n] += stats.multivariate_normal(mean, sigma).logpdf(f[:, :, j])
         pair_q = stats.norm(params.pairwise_mean, params.pairwise_std)
@@ -253,9 +270,9 @@ def test_score_gradient_is_exact_gradient_of_importance_weighted_objective():
         out["q_mu"], out["q_sqrt"], out["weights"], out["pairwise_mean"],
         out["pairwise_std"],
     )
-    L0, _ = jitter_cholesky(kernel0(objective.Z))
+    L0, _ = jitter_cholesky(kernel0(objective.inducing.Z))
     theta_grad = out["theta"] + kernel0.gradient_vjp(
-        objective.Z, None, cholesky_backward(L0, out["L_zz"])
+        objective.inducing.Z, None, cholesky_backward(L0, out["inducing_state"])
     )
     engine = layout.pack_gradient(params0, grads, theta_grad)
     rng = np.random.default_rng(2)
@@ -310,8 +327,9 @@ def test_control_variate_reduces_variance():
         grads = []
         for key in range(1, 41):
             state = SharedState(
-                Z=objective.Z, kernel=kernel,
-                L_zz=np.linalg.cholesky(kernel(objective.Z)), params=params,
+                inducing=objective.inducing,
+                inducing_state=np.linalg.cholesky(kernel(objective.inducing.Z)),
+                kernel=kernel, params=params,
                 pairwise_noise=objective.pairwise_noise, likelihood=ChainCRF(),
                 n_samples=8, estimator="score", need_kernel_gradient=False,
                 residual_floor=1e-6, iteration_key=key,
@@ -471,7 +489,7 @@ def test_monte_carlo_ell_matches_enumeration():
                 f = np.empty((S, t1 - t0, V))
                 for j in range(V):
                     mean, sigma = _reference_marginal(
-                        kernel, objective.Z, chunk.X[t0:t1], params.q_mu[k, j],
+                        kernel, objective.inducing.Z, chunk.X[t0:t1], params.q_mu[k, j],
                         cov[k, j], objective.residual_floor,
                     )
                     f[:, :, j] = rng.multivariate_normal(mean, sigma, size=S)

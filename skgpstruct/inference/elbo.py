@@ -11,7 +11,6 @@ the result is bit-identical for any ``n_jobs`` and any joblib backend.
 import numpy as np
 from joblib import delayed
 
-from .._linalg import cholesky_backward, jitter_cholesky
 from .posterior import VariationalParameters, kl_pairwise, kl_unary
 from .terms import SharedState, chunk_terms
 
@@ -36,8 +35,8 @@ class SparseELBO:
     ----------
     chunks : list of Chunk
         Training data cut into runs of consecutive sequences.
-    Z : ndarray or CSR matrix of shape (M, n_features)
-        Inducing inputs.
+    inducing : InducingPoints or InducingFeatures
+        The inducing variables.
     kernel : Kernel
         Kernel at its initial hyperparameters.
     likelihood : Likelihood
@@ -56,7 +55,7 @@ class SparseELBO:
     def __init__(
         self,
         chunks,
-        Z,
+        inducing,
         kernel,
         likelihood,
         layout,
@@ -68,7 +67,7 @@ class SparseELBO:
         residual_floor,
     ):
         self.chunks = chunks
-        self.Z = Z
+        self.inducing = inducing
         self.kernel = kernel
         self.likelihood = likelihood
         self.layout = layout
@@ -106,12 +105,11 @@ class SparseELBO:
         layout = self.layout
         params, theta = layout.unpack(vector)
         kernel = self.kernel_at(theta)
-        K_zz = kernel(self.Z)
-        L_zz, _ = jitter_cholesky(K_zz, name="K_zz (kernel of the inducing inputs)")
+        state = self.inducing.prepare(kernel)
         shared = SharedState(
-            Z=self.Z,
+            inducing=self.inducing,
+            inducing_state=state,
             kernel=kernel,
-            L_zz=L_zz,
             params=params,
             pairwise_noise=self.pairwise_noise,
             likelihood=self.likelihood,
@@ -133,7 +131,7 @@ class SparseELBO:
             np.zeros_like(params.pairwise_mean),
             np.zeros_like(params.pairwise_std),
         )
-        d_L = np.zeros_like(L_zz) if theta is not None else None
+        d_state = None
         d_theta = np.zeros_like(theta) if theta is not None else None
         for res in results:
             ell += res["ell"]
@@ -143,16 +141,20 @@ class SparseELBO:
             grads.pairwise_mean += res["pairwise_mean"]
             grads.pairwise_std += res["pairwise_std"]
             if theta is not None:
-                d_L += res["L_zz"]
                 d_theta += res["theta"]
+                if res["inducing_state"] is not None:
+                    d_state = (
+                        res["inducing_state"]
+                        if d_state is None
+                        else d_state + res["inducing_state"]
+                    )
         ell *= scale
         for g in grads.astuple():
             g *= scale
         if theta is not None:
-            d_L *= scale
             d_theta *= scale
-            d_K_zz = cholesky_backward(L_zz, d_L)
-            d_theta += kernel.gradient_vjp(self.Z, None, d_K_zz)
+            if d_state is not None:
+                d_theta += self.inducing.finish_gradient(kernel, state, d_state * scale)
 
         kl_u, kl_u_grads = kl_unary(params)
         kl_bin, kl_bin_mean, kl_bin_std = kl_pairwise(

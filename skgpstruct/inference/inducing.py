@@ -1,9 +1,21 @@
-"""Choice of inducing inputs among the training tokens."""
+"""Inducing variables: their choice, and the projection of tokens on them."""
+
+from dataclasses import dataclass
 
 import numpy as np
 import scipy.sparse as sp
+from scipy import linalg
 
-__all__ = ["distinct_rows", "select_inducing_points"]
+from .._linalg import cholesky_backward, jitter_cholesky
+from ..kernels import LinearKernel
+
+__all__ = [
+    "distinct_rows",
+    "select_inducing_points",
+    "Projection",
+    "InducingPoints",
+    "InducingFeatures",
+]
 
 
 def distinct_rows(X):
@@ -74,3 +86,148 @@ def select_inducing_points(X, kernel, n_inducing, method, rng):
             break
         chosen.append(int(rng.choice(candidates.shape[0], p=dist2 / total)))
     return np.sort(candidates[np.asarray(chosen, dtype=np.int64)])
+
+
+# ---------------------------------------------------------------------- #
+# Inducing variables: how the whitened inducing vector v maps to the unary
+# potentials of a chunk of tokens, f_t = B[:, t] . v + sqrt(residual_t) xi.
+@dataclass
+class Projection:
+    """Per-sequence whitened projections of a chunk of tokens.
+
+    Attributes
+    ----------
+    rows : list of (ndarray of int64 or None)
+        Per sequence, the inducing variables its tokens depend on (None: all).
+    B : list of ndarray of shape (n_rows, T_n)
+        Per sequence, ``f[t] = B[:, t] . v[rows]`` (before the residual).
+    residual : ndarray of shape (n_tokens,)
+        Conditional prior variance of every token given the inducing variables.
+    cache : object
+        Whatever :meth:`backward` needs.
+    """
+
+    rows: list
+    B: list
+    residual: np.ndarray
+    cache: object = None
+
+
+class InducingPoints:
+    """Inducing inputs Z among the tokens: ``u_j = f_j(Z)``, whitened.
+
+    ``v = L_zz^{-1} u`` with ``L_zz = chol(K(Z, Z))``, so that
+    ``B = L_zz^{-1} K(Z, X)`` and ``residual = diag K(X, X) - |B|^2``
+    (eq. 18-19). Cost per chunk of T tokens: O(M^2 T).
+
+    Parameters
+    ----------
+    Z : ndarray or CSR matrix of shape (M, n_features)
+    """
+
+    def __init__(self, Z):
+        self.Z = Z
+
+    @property
+    def n_inducing(self):
+        return self.Z.shape[0]
+
+    def prepare(self, kernel):
+        """Per-evaluation state shared by all chunks: the factor L_zz."""
+        L_zz, _ = jitter_cholesky(
+            kernel(self.Z), name="K_zz (kernel of the inducing inputs)"
+        )
+        return L_zz
+
+    def project(self, kernel, L_zz, X, offsets):
+        K_zx = kernel(self.Z, X)
+        B = linalg.solve_triangular(L_zz, K_zx, lower=True, check_finite=False)
+        residual = np.maximum(kernel.diag(X) - np.einsum("mt,mt->t", B, B), 0.0)
+        n_seq = len(offsets) - 1
+        pieces = [B[:, offsets[n] : offsets[n + 1]] for n in range(n_seq)]
+        return Projection([None] * n_seq, pieces, residual, cache=B)
+
+    def backward(self, kernel, L_zz, X, projection, d_B, d_residual):
+        """Chunk part of the gradient: (d L_zz, d theta) from d B and d residual.
+
+        ``d_B`` is a list of per-sequence arrays shaped like ``projection.B``.
+        """
+        B = projection.cache
+        d_B = np.concatenate(d_B, axis=1) if d_B else np.zeros_like(B)
+        d_B = d_B - 2.0 * B * d_residual[None, :]
+        # B = L^{-1} K_zx  =>  dK_zx = L^{-T} dB,  dL = -L^{-T} dB B^T
+        d_K_zx = linalg.solve_triangular(
+            L_zz, d_B, lower=True, trans="T", check_finite=False
+        )
+        d_theta = kernel.gradient_vjp(self.Z, X, d_K_zx) + kernel.diag_gradient_vjp(
+            X, d_residual
+        )
+        return -np.tril(d_K_zx @ B.T), d_theta
+
+    def finish_gradient(self, kernel, L_zz, d_L):
+        """Gradient in theta through K_zz, from the summed d L_zz."""
+        return kernel.gradient_vjp(self.Z, None, cholesky_backward(L_zz, d_L))
+
+
+class InducingFeatures:
+    """The weights of a linear kernel as inducing variables (weight space).
+
+    For ``k(x, x') = variance * (x . x' + bias)``, ``f_j(x) = w_j . phi(x)``
+    with ``phi(x) = sqrt(variance) * [x, sqrt(bias)]`` and ``w_j ~ N(0, I)``:
+    taking ``u_j = w_j`` (an inter-domain inducing variable, already white)
+    makes ``p(f | u)`` exact, so the residual is zero and every feature is
+    represented. ``B`` restricted to the features active in a sequence is a
+    small dense matrix; no M x M factorisation is needed. M = n_features + 1.
+
+    Parameters
+    ----------
+    n_features : int
+    """
+
+    def __init__(self, n_features):
+        self.n_features = n_features
+
+    @property
+    def n_inducing(self):
+        return self.n_features + 1
+
+    def prepare(self, kernel):
+        if not isinstance(kernel, LinearKernel):
+            raise ValueError(
+                "inducing features are defined for the linear kernel only, got "
+                f"{kernel!r}; use inducing points for other kernels"
+            )
+        return None
+
+    def project(self, kernel, state, X, offsets):
+        scale = np.sqrt(kernel.variance)
+        bias_scale = np.sqrt(kernel.bias)
+        n_seq = len(offsets) - 1
+        rows, pieces = [], []
+        bias_row = np.array([self.n_features], dtype=np.int64)
+        for n in range(n_seq):
+            X_n = X[offsets[n] : offsets[n + 1]]
+            if sp.issparse(X_n):
+                active = np.unique(X_n.indices).astype(np.int64)
+                block = X_n[:, active].toarray().T
+            else:
+                active = np.flatnonzero(np.any(X_n != 0, axis=0)).astype(np.int64)
+                block = X_n[:, active].T
+            B_n = np.empty((active.size + 1, X_n.shape[0]))
+            B_n[:-1] = scale * block
+            B_n[-1] = scale * bias_scale
+            rows.append(np.concatenate([active, bias_row]))
+            pieces.append(B_n)
+        return Projection(rows, pieces, np.zeros(X.shape[0]))
+
+    def backward(self, kernel, state, X, projection, d_B, d_residual):
+        # B = sqrt(variance) * [x; sqrt(bias)]: d/dlog(variance) = B / 2 and
+        # d/dlog(bias) = B[bias row] / 2.
+        pairs = list(zip(d_B, projection.B, strict=True))
+        d_log_var = 0.5 * sum(np.sum(g * b) for g, b in pairs)
+        d_log_bias = 0.5 * sum(np.sum(g[-1] * b[-1]) for g, b in pairs)
+        grads = {"variance": d_log_var, "bias": d_log_bias}
+        return None, np.array([grads[name] for name in kernel.hyperparameter_names])
+
+    def finish_gradient(self, kernel, state, d_state):
+        return np.zeros(kernel.n_dims)

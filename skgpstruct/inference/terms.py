@@ -1,23 +1,26 @@
 """Per-chunk expected log-likelihood and its gradients (paper eq. 10-12, 18-20).
 
-A chunk is a run of consecutive sequences. For sequence n, label j and
-mixture component k, the unary potentials have the T_n-dimensional Gaussian
-marginal (eq. 18-19, whitened)::
+A chunk is a run of consecutive sequences. The inducing variables (see
+:mod:`~skgpstruct.inference.inducing`) give, for every sequence n, a small
+dense ``B_n`` over the inducing variables ``rows_n`` its tokens depend on and
+a residual variance per token, so that for label j and mixture component k
+the unary potentials have the T_n-dimensional Gaussian marginal (eq. 18-19,
+whitened)::
 
-    b = B_n^T m_kj,    Sigma = B_n^T S_kj B_n + diag(r_n),
-    B_n = L_zz^{-1} K(Z, X_n),    r_n = diag(K(X_n, X_n)) - colsum(B_n ** 2),
+    b = B_n^T m_kj[rows_n],    Sigma = B_n^T S_kj[rows_n, rows_n] B_n + diag(r_n).
 
-where the residual ``r_n`` of the conditional p(f | u) is kept on the
-diagonal (its off-diagonal part inside a sequence is dropped; with inducing
-points on the training tokens of a linear kernel it is zero anyway).
+The residual of the conditional p(f | u) is kept on the diagonal (its
+off-diagonal part inside a sequence is dropped; it is exactly zero for
+inducing features, and for inducing points on the training tokens of a
+linear kernel).
 
 Two estimators of the gradient (``estimator``):
 
 ``"pathwise"``
-    ``f = B_n^T (m_kj + R_kj eps) + sqrt(r_n) xi``, with eps an M-vector drawn
-    per sequence, sample, component and label; the gradient is the exact
-    derivative of this fixed-sample objective, using ``d log p / d f`` from
-    the likelihood.
+    ``f = B_n^T (m_kj + R_kj eps)[rows_n] + sqrt(r_n) xi`` with an
+    independent inducing draw per sequence, sample, component and label; the
+    gradient is the exact derivative of this fixed-sample objective, using
+    ``d log p / d f`` from the likelihood.
 ``"score"``
     the paper's black-box estimator: samples ``f = b + chol(Sigma) eta`` of
     the T_n-dimensional marginal, and the score of that Gaussian with respect
@@ -25,19 +28,17 @@ Two estimators of the gradient (``estimator``):
     ``a`` (section 5.1) is estimated per sequence on a second, independent set
     of samples so that the estimate stays unbiased. Needs only ``log p``.
 
-Both return the same things: the chunk's ELL estimate and the gradients
-with respect to ``q_mu``, ``q_sqrt``, the mixture weights, the pairwise
-posterior, ``L_zz`` and the kernel hyperparameters (through the chunk's
-cross and diagonal kernel matrices). Everything is a pure function, so a
-chunk can run in any joblib worker.
+Both return the chunk's ELL estimate and the gradients with respect to
+``q_mu``, ``q_sqrt``, the mixture weights, the pairwise posterior, the
+inducing state and the kernel hyperparameters. Everything is a pure
+function, so a chunk can run in any joblib worker.
 """
 
 from dataclasses import dataclass
 
 import numpy as np
-from scipy import linalg
 
-__all__ = ["Chunk", "SharedState", "chunk_terms", "project", "sample_unary"]
+__all__ = ["Chunk", "SharedState", "chunk_terms", "sample_unary"]
 
 
 @dataclass
@@ -71,9 +72,9 @@ class Chunk:
 class SharedState:
     """What every chunk needs from the parent at one evaluation."""
 
-    Z: object
+    inducing: object  # InducingPoints or InducingFeatures
+    inducing_state: object  # from inducing.prepare(kernel)
     kernel: object
-    L_zz: np.ndarray
     params: object  # VariationalParameters
     pairwise_noise: np.ndarray  # (S, V, V) base samples of q(f_bin)
     likelihood: object
@@ -93,12 +94,13 @@ def chunk_terms(chunk, shared):
     result : dict
         ``ell`` (float), ``q_mu`` (K, V, M), ``q_sqrt`` (shape of q_sqrt),
         ``weights`` (K,), ``pairwise_mean`` (V, V), ``pairwise_std`` (V, V),
-        ``L_zz`` (M, M) or None, ``theta`` (n_theta,) or None.
+        ``inducing_state`` (gradient w.r.t. the inducing state, or None) and
+        ``theta`` (n_theta,) or None.
     """
-    kernel, L_zz = shared.kernel, shared.L_zz
-    B, residual = project(kernel, shared.Z, L_zz, chunk.X)
-    residual_sd = np.sqrt(residual + shared.residual_floor)
-
+    projection = shared.inducing.project(
+        shared.kernel, shared.inducing_state, chunk.X, chunk.offsets
+    )
+    residual_sd = np.sqrt(projection.residual + shared.residual_floor)
     rng = np.random.default_rng(
         np.random.SeedSequence(
             entropy=chunk.seed.entropy,
@@ -106,94 +108,76 @@ def chunk_terms(chunk, shared):
         )
     )
     if shared.estimator == "pathwise":
-        out, d_B, d_residual_sd = _pathwise(chunk, shared, B, residual_sd, rng)
+        out, d_B, d_residual_sd = _pathwise(chunk, shared, projection, residual_sd, rng)
     elif shared.estimator == "score":
-        out, d_B, d_residual_sd = _score(chunk, shared, B, residual_sd, rng)
+        out, d_B, d_residual_sd = _score(chunk, shared, projection, residual_sd, rng)
     else:  # validated by the estimator; kept as a guard for direct callers
         raise ValueError(f"unknown estimator {shared.estimator!r}")
 
     if shared.need_kernel_gradient:
-        # residual_sd = sqrt(max(k_diag - colsum(B^2), 0) + floor)
-        d_residual = np.where(residual > 0, d_residual_sd / (2.0 * residual_sd), 0.0)
-        d_B = d_B - 2.0 * B * d_residual[None, :]
-        # B = L^{-1} K_zx  =>  dK_zx = L^{-T} dB,  dL = -L^{-T} dB B^T
-        d_K_zx = linalg.solve_triangular(
-            L_zz, d_B, lower=True, trans="T", check_finite=False
+        # residual_sd = sqrt(max(residual, 0) + floor)
+        d_residual = np.where(
+            projection.residual > 0, d_residual_sd / (2.0 * residual_sd), 0.0
         )
-        out["L_zz"] = -np.tril(d_K_zx @ B.T)
-        out["theta"] = kernel.gradient_vjp(
-            shared.Z, chunk.X, d_K_zx
-        ) + kernel.diag_gradient_vjp(chunk.X, d_residual)
+        out["inducing_state"], out["theta"] = shared.inducing.backward(
+            shared.kernel, shared.inducing_state, chunk.X, projection, d_B, d_residual
+        )
     else:
-        out["L_zz"] = None
-        out["theta"] = None
+        out["inducing_state"], out["theta"] = None, None
     return out
 
 
-def project(kernel, Z, L_zz, X):
-    """Whitened projection of tokens on the inducing points.
-
-    Parameters
-    ----------
-    kernel : Kernel
-    Z : ndarray or CSR matrix of shape (M, n_features)
-    L_zz : ndarray of shape (M, M)
-        Lower Cholesky factor of ``kernel(Z)``.
-    X : ndarray or CSR matrix of shape (n_tokens, n_features)
-
-    Returns
-    -------
-    B : ndarray of shape (M, n_tokens)
-        ``L_zz^{-1} K(Z, X)``: the whitened posterior mean of token t for
-        label j is ``q_mu[k, j] @ B[:, t]``.
-    residual : ndarray of shape (n_tokens,)
-        Conditional prior variance ``k(x, x) - |B[:, t]|^2``, clipped at 0.
-    """
-    K_zx = kernel(Z, X)
-    B = linalg.solve_triangular(L_zz, K_zx, lower=True, check_finite=False)
-    residual = np.maximum(kernel.diag(X) - np.einsum("mt,mt->t", B, B), 0.0)
-    return B, residual
+def _rows(array, rows):
+    """``array[..., rows, :]``-style selection on the inducing axis (axis 2)."""
+    return array if rows is None else array[:, :, rows]
 
 
-def sample_unary(params, B, residual_sd, offsets, eps, xi):
-    """Pathwise samples of the unary potentials of a ragged batch.
+def _draw_inducing(params, rows, S, rng):
+    """Inducing draws v[rows] of one sequence: (K, V, n_rows, S), and eps."""
+    K, V, M = params.q_mu.shape
+    mean = _rows(params.q_mu, rows)[..., None]
+    if params.full_covariance:
+        eps = rng.standard_normal((K, V, M, S))
+        return mean + _rows(params.q_sqrt, rows) @ eps, eps
+    n_rows = M if rows is None else rows.size
+    eps = rng.standard_normal((K, V, n_rows, S))
+    return mean + _rows(params.q_sqrt, rows)[..., None] * eps, eps
 
-    ``f = B_n^T (q_mu[k, j] + q_sqrt[k, j] eps) + residual_sd * xi`` with an
-    independent inducing draw per sequence.
+
+def sample_unary(params, projection, residual_sd, S, rng):
+    """Pathwise samples of the unary potentials of a chunk.
 
     Parameters
     ----------
     params : VariationalParameters
-    B : ndarray of shape (M, n_tokens)
+    projection : Projection
     residual_sd : ndarray of shape (n_tokens,)
-    offsets : ndarray of int64 of shape (n_sequences + 1,)
-    eps : ndarray of shape (K, V, M, n_sequences * S)
-    xi : ndarray of shape (K, S, n_tokens, V)
+    S : int
+        Samples per mixture component.
+    rng : numpy.random.Generator
 
     Returns
     -------
     unary : ndarray of shape (K, S, n_tokens, V)
-    v : ndarray of shape (K, V, M, n_sequences, S)
-        The inducing draws (kept for the backward pass).
+    draws : list of (v, eps) per sequence, for the backward pass.
     """
-    K, V, M = params.q_mu.shape
-    n_seq = len(offsets) - 1
-    S = xi.shape[1]
-    if params.full_covariance:
-        v = params.q_mu[..., None] + params.q_sqrt @ eps
-    else:
-        v = params.q_mu[..., None] + params.q_sqrt[..., None] * eps
-    v = v.reshape(K, V, M, n_seq, S)
-    unary = np.empty((K, S, B.shape[1], V))
-    for n in range(n_seq):
-        t0, t1 = offsets[n], offsets[n + 1]
-        if t1 == t0:
-            continue
-        v_n = v[:, :, :, n, :].transpose(2, 0, 3, 1).reshape(M, K * S * V)
-        f_n = (B[:, t0:t1].T @ v_n).reshape(t1 - t0, K, S, V)
-        unary[:, :, t0:t1, :] = f_n.transpose(1, 2, 0, 3)
-    unary += residual_sd[None, None, :, None] * xi
-    return unary, v
+    K, V, _ = params.q_mu.shape
+    T = residual_sd.shape[0]
+    unary = np.empty((K, S, T, V))
+    draws = []
+    t0 = 0
+    for rows, B_n in zip(projection.rows, projection.B, strict=True):
+        t1 = t0 + B_n.shape[1]
+        v, eps = _draw_inducing(params, rows, S, rng)
+        draws.append((v, eps))
+        if t1 > t0:
+            n_rows = B_n.shape[0]
+            v_mat = v.transpose(2, 0, 3, 1).reshape(n_rows, K * S * V)
+            f_n = (B_n.T @ v_mat).reshape(t1 - t0, K, S, V)
+            unary[:, :, t0:t1, :] = f_n.transpose(1, 2, 0, 3)
+        t0 = t1
+    unary += residual_sd[None, None, :, None] * rng.standard_normal((K, S, T, V))
+    return unary, draws
 
 
 def _tile_pairwise(params, noise, K):
@@ -202,47 +186,58 @@ def _tile_pairwise(params, noise, K):
     return np.tile(samples, (K, 1, 1))
 
 
-def _pathwise(chunk, shared, B, residual_sd, rng):
+def _zero_grads(params):
+    return np.zeros_like(params.q_mu), np.zeros_like(params.q_sqrt)
+
+
+def _pathwise(chunk, shared, projection, residual_sd, rng):
     params = shared.params
     K, V, M = params.q_mu.shape
     S = shared.n_samples
     offsets, n_seq, T = chunk.offsets, chunk.n_sequences, chunk.n_tokens
     full = params.full_covariance
 
-    eps = rng.standard_normal((K, V, M, n_seq * S))
-    xi = rng.standard_normal((K, S, T, V))
-    unary, v = sample_unary(params, B, residual_sd, offsets, eps, xi)
-
+    unary, draws = sample_unary(params, projection, residual_sd, S, rng)
+    # sample_unary drew the residual noise last; redraw it identically.
+    xi = _replay_residual_noise(chunk, shared, projection, S)
     pairwise = _tile_pairwise(params, shared.pairwise_noise, K)
     log_p, g_unary, g_pair = shared.likelihood.log_prob_and_gradient(
         unary.reshape(K * S, T, V), pairwise, offsets, chunk.labels
     )
     log_p = log_p.reshape(K, S, n_seq)
     w = params.weights
-    scale = (w / S)[:, None, None, None]
-    g_unary = g_unary.reshape(K, S, T, V) * scale  # dELL / d unary
+    g_unary = g_unary.reshape(K, S, T, V) * (w / S)[:, None, None, None]
 
-    d_v = np.zeros((K, V, M, n_seq, S))
-    d_B = np.zeros_like(B)
-    for n in range(n_seq):
+    grad_mu, grad_sqrt = _zero_grads(params)
+    d_B = []
+    for n, (rows, B_n, (v, eps)) in enumerate(
+        zip(projection.rows, projection.B, draws, strict=True)
+    ):
         t0, t1 = offsets[n], offsets[n + 1]
         if t1 == t0:
+            d_B.append(np.zeros_like(B_n))
             continue
-        g_n = g_unary[:, :, t0:t1, :].transpose(2, 0, 1, 3).reshape(t1 - t0, -1)
-        dv_n = (B[:, t0:t1] @ g_n).reshape(M, K, S, V)
-        d_v[:, :, :, n, :] = dv_n.transpose(1, 3, 0, 2)
-        v_n = v[:, :, :, n, :].transpose(2, 0, 1, 3).reshape(M, -1)
-        # v_n columns ordered (k, j, s); reorder g_n columns the same way.
-        g_n_kjs = g_unary[:, :, t0:t1, :].transpose(2, 0, 3, 1).reshape(t1 - t0, -1)
-        d_B[:, t0:t1] = v_n @ g_n_kjs.T
-    d_residual_sd = np.einsum("kstv,kstv->t", g_unary, xi)
-
-    d_v = d_v.reshape(K, V, M, n_seq * S)
-    grad_mu = d_v.sum(axis=-1)
+        n_rows = B_n.shape[0]
+        g_n = g_unary[:, :, t0:t1, :].transpose(2, 0, 3, 1).reshape(t1 - t0, -1)
+        # columns ordered (k, j, s) in both g_n and v_mat
+        d_v = (B_n @ g_n).reshape(n_rows, K, V, S).transpose(1, 2, 0, 3)
+        v_mat = v.transpose(2, 0, 1, 3).reshape(n_rows, -1)
+        d_B.append(v_mat @ g_n.T)
+        if rows is None:
+            grad_mu += d_v.sum(axis=-1)
+            if full:
+                grad_sqrt += d_v @ np.swapaxes(eps, -1, -2)
+            else:
+                grad_sqrt += np.einsum("kvms,kvms->kvm", d_v, eps)
+        else:
+            grad_mu[:, :, rows] += d_v.sum(axis=-1)
+            if full:
+                grad_sqrt[:, :, rows, :] += d_v @ np.swapaxes(eps, -1, -2)
+            else:
+                grad_sqrt[:, :, rows] += np.einsum("kvms,kvms->kvm", d_v, eps)
     if full:
-        grad_sqrt = np.tril(d_v @ np.swapaxes(eps, -1, -2))
-    else:
-        grad_sqrt = np.einsum("kvmn,kvmn->kvm", d_v, eps)
+        grad_sqrt = np.tril(grad_sqrt)
+    d_residual_sd = np.einsum("kstv,kstv->t", g_unary, xi)
 
     g_pair_s = np.einsum("k,ksnij->sij", w / S, g_pair.reshape(K, S, n_seq, V, V))
     out = {
@@ -256,17 +251,31 @@ def _pathwise(chunk, shared, B, residual_sd, rng):
     return out, d_B, d_residual_sd
 
 
-def _sequence_marginals(params, B_n, residual_n, full):
+def _replay_residual_noise(chunk, shared, projection, S):
+    """The residual noise xi that :func:`sample_unary` drew for this chunk."""
+    rng = np.random.default_rng(
+        np.random.SeedSequence(
+            entropy=chunk.seed.entropy,
+            spawn_key=(*chunk.seed.spawn_key, shared.iteration_key),
+        )
+    )
+    params = shared.params
+    for rows in projection.rows:
+        _draw_inducing(params, rows, S, rng)
+    K, V, _ = params.q_mu.shape
+    return rng.standard_normal((K, S, chunk.n_tokens, V))
+
+
+def _sequence_marginal(params, rows, B_n, residual_sd_n):
     """Mean (K, V, T) and Cholesky factor (K, V, T, T) of q(f_n) per label."""
-    mean = params.q_mu @ B_n  # (K, V, T)
-    if full:
-        W = np.swapaxes(params.q_sqrt, -1, -2) @ B_n  # (K, V, M, T)
+    mean = _rows(params.q_mu, rows) @ B_n  # (K, V, T)
+    if params.full_covariance:
+        W = np.swapaxes(_rows(params.q_sqrt, rows), -1, -2) @ B_n  # (K, V, M, T)
     else:
-        W = params.q_sqrt[..., None] * B_n  # (K, V, M, T)
+        W = _rows(params.q_sqrt, rows)[..., None] * B_n  # (K, V, rows, T)
     cov = np.swapaxes(W, -1, -2) @ W
-    T = B_n.shape[1]
-    idx = np.arange(T)
-    cov[..., idx, idx] += residual_n**2
+    idx = np.arange(B_n.shape[1])
+    cov[..., idx, idx] += residual_sd_n**2
     # A small relative jitter keeps the factor defined when tokens repeat
     # inside a sequence and the residual vanishes.
     mean_var = np.mean(cov[..., idx, idx], axis=-1)[..., None]
@@ -274,7 +283,7 @@ def _sequence_marginals(params, B_n, residual_n, full):
     return mean, np.linalg.cholesky(cov)
 
 
-def _score(chunk, shared, B, residual_sd, rng):
+def _score(chunk, shared, projection, residual_sd, rng):
     params = shared.params
     K, V, M = params.q_mu.shape
     S = shared.n_samples
@@ -282,13 +291,12 @@ def _score(chunk, shared, B, residual_sd, rng):
     full = params.full_covariance
     w = params.weights
 
-    means, chols = [], []
+    chols = []
     eta = rng.standard_normal((2, K, V, T, S))  # estimate set, baseline set
     unary = np.empty((2, K, S, T, V))
-    for n in range(n_seq):
+    for n, (rows, B_n) in enumerate(zip(projection.rows, projection.B, strict=True)):
         t0, t1 = offsets[n], offsets[n + 1]
-        mean, chol = _sequence_marginals(params, B[:, t0:t1], residual_sd[t0:t1], full)
-        means.append(mean)
+        mean, chol = _sequence_marginal(params, rows, B_n, residual_sd[t0:t1])
         chols.append(chol)
         f = mean[None, ..., None] + chol[None] @ eta[:, :, :, t0:t1, :]
         unary[:, :, :, t0:t1, :] = f.transpose(0, 1, 4, 3, 2)
@@ -306,32 +314,27 @@ def _score(chunk, shared, B, residual_sd, rng):
     score_pair_mean = zeta / std  # (S, V, V)
     score_pair_std = (zeta**2 - 1.0) / std
 
-    grad_mu = np.zeros_like(params.q_mu)
-    grad_sqrt = np.zeros_like(params.q_sqrt)
+    grad_mu, grad_sqrt = _zero_grads(params)
     grad_pair_mean = np.zeros((V, V))
     grad_pair_std = np.zeros((V, V))
-    d_B = np.zeros_like(B)
+    d_B = []
     d_residual_sd = np.zeros(T)
-    cov_all = params.q_cov()
-    eye_cache = {}
-    for n in range(n_seq):
+    for n, (rows, B_n) in enumerate(zip(projection.rows, projection.B, strict=True)):
         t0, t1 = offsets[n], offsets[n + 1]
         if t1 == t0:
+            d_B.append(np.zeros_like(B_n))
             continue
-        Tn = t1 - t0
-        chol = chols[n]
-        if Tn not in eye_cache:
-            eye_cache[Tn] = np.eye(Tn)
-        chol_inv = np.linalg.solve(chol, eye_cache[Tn])  # (K, V, T, T)
-        sigma_inv = np.swapaxes(chol_inv, -1, -2) @ chol_inv  # (K, V, T, T)
+        chol_inv = np.linalg.solve(chols[n], np.eye(t1 - t0))  # (K, V, T, T)
+        sigma_inv = np.swapaxes(chol_inv, -1, -2) @ chol_inv
         # z = Sigma^{-1} (f - b) = L^{-T} eta, for both sample sets.
         z = np.swapaxes(chol_inv, -1, -2)[None] @ eta[:, :, :, t0:t1, :]
         # Control-variate coefficient from the baseline set (section 5.1):
         # a = sum_s |h_s|^2 log p_s / sum_s |h_s|^2 with h the score.
         zb = z[1]  # (K, V, T, S)
-        h_norm = np.einsum("kvts,kvts->ks", zb, zb)
         outer_b = np.einsum("kvts,kvus->kvstu", zb, zb) - sigma_inv[:, :, None]
-        h_norm = h_norm + 0.25 * np.einsum("kvstu,kvstu->ks", outer_b, outer_b)
+        h_norm = np.einsum("kvts,kvts->ks", zb, zb) + 0.25 * np.einsum(
+            "kvstu,kvstu->ks", outer_b, outer_b
+        )
         a = np.sum(h_norm * log_p_base[:, :, n], axis=1) / np.sum(h_norm, axis=1)
         if not shared.control_variate:
             a = np.zeros_like(a)
@@ -343,25 +346,33 @@ def _score(chunk, shared, B, residual_sd, rng):
             np.einsum("kvts,kvus,ks->kvtu", ze, ze, centred)
             - sigma_inv * centred.sum(axis=1)[:, None, None, None]
         )
-        B_n = B[:, t0:t1]
-        grad_mu += g_b @ B_n.T
-        BgB = B_n @ g_sigma @ B_n.T  # (K, V, M, M), d/dS
+        # b = m[rows] B_n, Sigma = B_n^T S[rows, rows] B_n + diag(r): chain rule.
+        q_sqrt_rows = _rows(params.q_sqrt, rows)
+        BgB = B_n @ g_sigma @ B_n.T  # (K, V, rows, rows): d/dS[rows, rows]
         if full:
-            grad_sqrt += np.tril(2.0 * BgB @ params.q_sqrt)
-            S_B = cov_all @ B_n  # (K, V, M, T)
+            d_sqrt = 2.0 * BgB @ q_sqrt_rows  # d/dR[rows, :]
+            S_B = q_sqrt_rows @ (np.swapaxes(q_sqrt_rows, -1, -2) @ B_n)
         else:
-            diag = np.diagonal(BgB, axis1=-2, axis2=-1)
-            grad_sqrt += 2.0 * diag * params.q_sqrt
-            S_B = cov_all[..., None] * B_n
-        d_B[:, t0:t1] += np.einsum("kvm,kvt->mt", params.q_mu, g_b) + 2.0 * np.einsum(
-            "kvmt,kvtu->mu", S_B, g_sigma
+            d_sqrt = 2.0 * np.diagonal(BgB, axis1=-2, axis2=-1) * q_sqrt_rows
+            S_B = q_sqrt_rows[..., None] ** 2 * B_n
+        if rows is None:
+            grad_mu += g_b @ B_n.T
+            grad_sqrt += d_sqrt
+        else:
+            grad_mu[:, :, rows] += g_b @ B_n.T
+            grad_sqrt[:, :, rows] += d_sqrt
+        d_B.append(
+            np.einsum("kvm,kvt->mt", _rows(params.q_mu, rows), g_b)
+            + 2.0 * np.einsum("kvmt,kvtu->mu", S_B, g_sigma)
         )
         d_residual_sd[t0:t1] += 2.0 * residual_sd[t0:t1] * np.einsum(
             "kvtt->t", g_sigma
         )
-        pair_weight = np.einsum("ks->s", centred)
+        pair_weight = centred.sum(axis=0)
         grad_pair_mean += np.einsum("s,sij->ij", pair_weight, score_pair_mean)
         grad_pair_std += np.einsum("s,sij->ij", pair_weight, score_pair_std)
+    if full:
+        grad_sqrt = np.tril(grad_sqrt)
 
     out = {
         "ell": float(np.einsum("k,ksn->", w / S, log_p)),

@@ -1,0 +1,340 @@
+"""Helpers shared by the benchmark scripts: data, folds, peers, reporting.
+
+Data and folds follow ``../shared/BENCHMARK.md`` section 1: the pool of a
+data set is the first ``n_data`` sequences of its ``test.data`` (seg: the
+sequences of ``train.data``), fold ``k`` is row ``k`` of
+``gpstruct-splits/datasplit.n_data=<n_data>.txt`` (1-based indices into the
+pool, the first ``n_train`` for training).
+
+The peers (sklearn-crfsuite and a per-token logistic regression) get the
+same features as the GP: the rows of the CSR matrices that
+:class:`skgpstruct.CRFppTemplateVectorizer` produces, fitted on the training
+fold only.
+"""
+
+import os
+import platform
+import shlex
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import scipy.sparse as sp
+
+try:
+    import skgpstruct
+    from skgpstruct import CRFppTemplateVectorizer
+    from skgpstruct.io import read_conll
+    from skgpstruct.metrics import token_accuracy
+except ImportError as exc:  # pragma: no cover - depends on the environment
+    sys.exit(
+        f"cannot import skgpstruct ({exc}); install it (pip install \".[bench]\") "
+        "or run from the repository root with PYTHONPATH=."
+    )
+
+#: ``<repo>/../shared/data``: the shared data sets live beside the repository.
+DEFAULT_DATA_DIR = Path(__file__).resolve().parents[1].parent / "shared" / "data"
+
+#: Inner cross-validation folds used to pick the peers' regularisation.
+INNER_FOLDS = 3
+#: Grid of sklearn-crfsuite's L2 coefficient c2 (BENCHMARK.md section 3).
+CRF_C2_GRID = (0.01, 0.1, 1.0, 10.0)
+#: Grid of LogisticRegression's inverse regularisation C.
+LR_C_GRID = (0.01, 0.1, 1.0, 10.0, 100.0)
+
+
+@dataclass(frozen=True)
+class DataSet:
+    """One CRF++ data set of the Table 1 protocol."""
+
+    name: str
+    pool_file: str
+    n_data: int
+    n_train: int
+    encoding: str = "utf-8"
+
+    @property
+    def split_file(self):
+        return f"datasplit.n_data={self.n_data}.txt"
+
+
+DATASETS = {
+    d.name: d
+    for d in (
+        DataSet("basenp", "test.data", 300, 150),
+        DataSet("chunking", "test.data", 100, 50),
+        DataSet("seg", "train.data", 36, 20),
+        DataSet("JapaneseNE", "test.data", 100, 50, encoding="euc-jp"),
+    )
+}
+
+
+def check_data_dir(path):
+    """Return ``path`` as a Path; exit with a clear message if it is unusable."""
+    path = Path(path)
+    missing = [
+        str(p) for p in (path / "crfpp", path / "gpstruct-splits") if not p.is_dir()
+    ]
+    if missing:
+        sys.exit(
+            f"data directory {path} is missing {', '.join(missing)}; it must "
+            "hold crfpp/<data set>/ and gpstruct-splits/ (see "
+            "../shared/data/SOURCES.md); pass its location with --data"
+        )
+    return path
+
+
+def load_pool(data_dir, dataset):
+    """Token rows and labels of the data set's pool, and its template path.
+
+    Returns
+    -------
+    tokens : list of list of list of str
+    labels : list of list of str
+    template : Path
+    """
+    folder = Path(data_dir) / "crfpp" / dataset.name
+    tokens, labels = read_conll(folder / dataset.pool_file, encoding=dataset.encoding)
+    if len(labels) < dataset.n_data:
+        sys.exit(
+            f"{folder / dataset.pool_file} holds {len(labels)} sequences; the "
+            f"protocol needs the first {dataset.n_data}"
+        )
+    n = dataset.n_data
+    return tokens[:n], labels[:n], folder / "template"
+
+
+def read_folds(data_dir, dataset):
+    """Fold permutations as 0-based indices, shape (n_folds, n_data)."""
+    path = Path(data_dir) / "gpstruct-splits" / dataset.split_file
+    rows = np.loadtxt(path, dtype=np.int64, ndmin=2)
+    expected = np.arange(1, dataset.n_data + 1)
+    for k, row in enumerate(rows):
+        if not np.array_equal(np.sort(row), expected):
+            sys.exit(
+                f"{path}, row {k}: not a permutation of 1..{dataset.n_data}"
+            )
+    return rows - 1
+
+
+def fold_split(folds, k, n_train):
+    """(train, test) pool indices of fold ``k``."""
+    return folds[k, :n_train], folds[k, n_train:]
+
+
+def take(items, indices):
+    return [items[i] for i in indices]
+
+
+def token_error(y_true, y_pred):
+    """Token error rate in percent."""
+    return 100.0 * (1.0 - token_accuracy(y_true, y_pred))
+
+
+class Stopwatch:
+    """``with Stopwatch() as sw: ...``; then ``sw.seconds``."""
+
+    def __enter__(self):
+        self._start = time.perf_counter()
+        return self
+
+    def __exit__(self, *exc):
+        self.seconds = time.perf_counter() - self._start
+        return False
+
+
+def inner_splits(n_sequences, n_splits=INNER_FOLDS):
+    """Contiguous KFold over the training sequences (already in random order)."""
+    from sklearn.model_selection import KFold
+
+    return list(KFold(n_splits=n_splits).split(np.arange(n_sequences)))
+
+
+# ---------------------------------------------------------------------- #
+# per-token logistic regression
+def _stack(X, y):
+    return sp.vstack(X, format="csr"), np.concatenate([np.asarray(s) for s in y])
+
+
+def _fit_logreg(X, y, C):
+    from sklearn.linear_model import LogisticRegression
+
+    X_flat, y_flat = _stack(X, y)
+    return LogisticRegression(C=C, max_iter=5000).fit(X_flat, y_flat)
+
+
+def _predict_logreg(model, X):
+    lengths = np.cumsum([x.shape[0] for x in X])[:-1]
+    return np.split(model.predict(sp.vstack(X, format="csr")), lengths)
+
+
+def run_logreg(X_train, y_train, X_test, y_test, grid=LR_C_GRID):
+    """Per-token LogisticRegression, C picked by inner CV on the training fold.
+
+    Returns a dict: ``error`` (%), ``C``, ``select_time``, ``refit_time``,
+    ``cv_accuracy`` (mean inner-CV token accuracy per grid value).
+    """
+    with Stopwatch() as select:
+        cv_accuracy = {}
+        for C in grid:
+            scores = []
+            for tr, va in inner_splits(len(X_train)):
+                model = _fit_logreg(take(X_train, tr), take(y_train, tr), C)
+                pred = _predict_logreg(model, take(X_train, va))
+                scores.append(token_accuracy(take(y_train, va), pred))
+            cv_accuracy[C] = float(np.mean(scores))
+        best = max(grid, key=lambda c: cv_accuracy[c])  # first of any tie
+    with Stopwatch() as refit:
+        model = _fit_logreg(X_train, y_train, best)
+    error = token_error(y_test, _predict_logreg(model, X_test))
+    return {
+        "error": error,
+        "C": best,
+        "select_time": select.seconds,
+        "refit_time": refit.seconds,
+        "cv_accuracy": {str(c): a for c, a in cv_accuracy.items()},
+    }
+
+
+# ---------------------------------------------------------------------- #
+# sklearn-crfsuite
+def crfsuite_available():
+    try:
+        import sklearn_crfsuite  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+def to_crfsuite(X, feature_names):
+    """CSR rows -> sklearn-crfsuite input: per token ``{feature: 1.0}``."""
+    out = []
+    for matrix in X:
+        matrix = matrix.tocsr()
+        seq = []
+        for t in range(matrix.shape[0]):
+            cols = matrix.indices[matrix.indptr[t] : matrix.indptr[t + 1]]
+            seq.append(dict.fromkeys(feature_names[cols].tolist(), 1.0))
+        out.append(seq)
+    return out
+
+
+def _fit_crf(X, y, c2):
+    import sklearn_crfsuite
+
+    crf = sklearn_crfsuite.CRF(
+        algorithm="lbfgs", c1=0.0, c2=c2, all_possible_transitions=True
+    )
+    # crfsuite wants label strings.
+    return crf.fit(X, [[str(v) for v in s] for s in y])
+
+
+def run_crfsuite(X_train, y_train, X_test, y_test, grid=CRF_C2_GRID):
+    """sklearn-crfsuite (L-BFGS, c1=0), c2 picked by inner CV on the training fold.
+
+    ``X_*`` are already in crfsuite's input form (:func:`to_crfsuite`). A
+    feature seen in an inner validation part but not in its training part
+    gets no weight in crfsuite, so the outer fold's vocabulary can be
+    reused for the inner folds without leaking anything.
+
+    Returns a dict: ``error`` (%), ``c2``, ``select_time``, ``refit_time``,
+    ``cv_accuracy``.
+    """
+    y_train = [[str(v) for v in s] for s in y_train]
+    y_test = [[str(v) for v in s] for s in y_test]
+    with Stopwatch() as select:
+        cv_accuracy = {}
+        for c2 in grid:
+            scores = []
+            for tr, va in inner_splits(len(X_train)):
+                crf = _fit_crf(take(X_train, tr), take(y_train, tr), c2)
+                pred = crf.predict(take(X_train, va))
+                scores.append(token_accuracy(take(y_train, va), pred))
+            cv_accuracy[c2] = float(np.mean(scores))
+        best = max(grid, key=lambda c: cv_accuracy[c])
+    with Stopwatch() as refit:
+        crf = _fit_crf(X_train, y_train, best)
+    error = token_error(y_test, crf.predict(X_test))
+    return {
+        "error": error,
+        "c2": best,
+        "select_time": select.seconds,
+        "refit_time": refit.seconds,
+        "cv_accuracy": {str(c): a for c, a in cv_accuracy.items()},
+    }
+
+
+# ---------------------------------------------------------------------- #
+# features
+def template_features(template, tokens_train, tokens_test):
+    """Fit the template vectorizer on the training fold; transform both.
+
+    Returns (X_train, X_test, feature_names, seconds).
+    """
+    with Stopwatch() as sw:
+        vectorizer = CRFppTemplateVectorizer(template)
+        X_train = vectorizer.fit_transform(tokens_train)
+        X_test = vectorizer.transform(tokens_test)
+    return X_train, X_test, vectorizer.get_feature_names_out(), sw.seconds
+
+
+# ---------------------------------------------------------------------- #
+# reporting
+def mean_std(values):
+    """(mean, std) with the sample standard deviation (ddof=1); std is NaN
+    for a single value."""
+    values = np.asarray(values, dtype=float)
+    if values.size == 0:
+        return float("nan"), float("nan")
+    std = float(np.std(values, ddof=1)) if values.size > 1 else float("nan")
+    return float(np.mean(values)), std
+
+
+def format_mean_std(values, digits=2, unit=""):
+    mean, std = mean_std(values)
+    if np.isnan(mean):
+        return "-"
+    if np.isnan(std):
+        return f"{mean:.{digits}f}{unit}"
+    return f"{mean:.{digits}f}{unit} ({std:.{digits}f})"
+
+
+def markdown_table(header, rows):
+    lines = [
+        "| " + " | ".join(header) + " |",
+        "|" + "|".join("---" for _ in header) + "|",
+    ]
+    lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in rows]
+    return "\n".join(lines)
+
+
+def command_line():
+    """The command that started this process, ready to paste into a shell."""
+    argv = getattr(sys, "orig_argv", None) or [sys.executable, *sys.argv]
+    return shlex.join(argv)
+
+
+def environment():
+    """Versions and machine facts worth recording beside timings."""
+    import sklearn
+
+    info = {
+        "python": platform.python_version(),
+        "platform": platform.platform(),
+        "cpu_count": os.cpu_count(),
+        "OPENBLAS_NUM_THREADS": os.environ.get("OPENBLAS_NUM_THREADS"),
+        "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS"),
+        "numpy": np.__version__,
+        "scipy": __import__("scipy").__version__,
+        "scikit-learn": sklearn.__version__,
+        "skgpstruct": skgpstruct.__version__,
+    }
+    try:
+        from importlib.metadata import version
+
+        info["sklearn-crfsuite"] = version("sklearn-crfsuite")
+    except Exception:  # noqa: BLE001 - not installed or no metadata
+        info["sklearn-crfsuite"] = None
+    return info

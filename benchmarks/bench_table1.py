@@ -1,0 +1,368 @@
+"""Table 1 of the gray-box paper, side by side with today's peers.
+
+BENCHMARK.md section 1 protocol on the CRF++ data sets (basenp, chunking,
+seg, JapaneseNE): for every fold, in the same process and on the same
+features (the set's CRF++ template, vocabulary fitted on the training fold),
+
+(a) GPStructClassifier with the options given on the command line
+    (default: the estimator's defaults);
+(b) sklearn-crfsuite (L-BFGS, c1=0, transitions between all labels), c2
+    picked by 3-fold inner cross-validation over {0.01, 0.1, 1, 10} on the
+    training fold, then refitted on it;
+(c) a per-token LogisticRegression, C picked the same way over
+    {0.01, 0.1, 1, 10, 100}.
+
+It prints token error %, fit times and the ratio GP fit time / CRF
+(selection + refit) per fold, then a Markdown table with the mean (std over
+the folds) and the exact command line.
+
+Examples
+--------
+Smoke test (one fold, few iterations)::
+
+    python benchmarks/bench_table1.py --datasets basenp --folds 0 --quick
+
+The full table::
+
+    python benchmarks/bench_table1.py --out results.json
+"""
+
+import argparse
+import json
+import sys
+import warnings
+
+import numpy as np
+from _common import (
+    CRF_C2_GRID,
+    DATASETS,
+    DEFAULT_DATA_DIR,
+    INNER_FOLDS,
+    LR_C_GRID,
+    Stopwatch,
+    check_data_dir,
+    command_line,
+    crfsuite_available,
+    environment,
+    fold_split,
+    format_mean_std,
+    load_pool,
+    markdown_table,
+    read_folds,
+    run_crfsuite,
+    run_logreg,
+    take,
+    template_features,
+    to_crfsuite,
+    token_error,
+)
+from sklearn.exceptions import ConvergenceWarning
+
+from skgpstruct import GPStructClassifier
+
+#: ``max_iter`` of ``--quick`` when ``--max-iter`` is not given.
+QUICK_MAX_ITER = 20
+
+# Quoted from BENCHMARK.md (not measured by this script): the paper's
+# GP-VAR-B column of Table 1, and the same protocol run with today's
+# libraries on this kind of machine (sklearn-crfsuite with c2 chosen by
+# 3-fold inner CV over {1e-4, ..., 10}; per-token LogisticRegression).
+QUOTED_PAPER_GP_VAR_B = {
+    "basenp": "5.17 (0.41)",
+    "chunking": "8.76 (1.09)",
+    "seg": "15.61 (1.90)",
+    "JapaneseNE": "5.23 (0.68)",
+}
+QUOTED_MEASURED_CRF = {
+    "basenp": ("4.18 (0.40)", "0.28 s + 3.4 s"),
+    "chunking": ("8.26 (1.17)", "0.22 s + 2.2 s"),
+    "seg": ("12.80 (2.85)", "0.02 s + 0.2 s"),
+    "JapaneseNE": ("5.61 (0.81)", "0.34 s + 3.5 s"),
+}
+QUOTED_MEASURED_LR = {
+    "basenp": "4.56 (0.38)",
+    "chunking": "8.13 (1.05)",
+    "seg": "12.87 (2.61)",
+    "JapaneseNE": "5.07 (0.52)",
+}
+QUOTED_PROBE_BASENP = "4.47 (0.44) at about 10 s per fold"
+
+# GP options exposed on the command line (flag --n-inducing -> n_inducing).
+GP_OPTIONS = (
+    "kernel",
+    "n_inducing",
+    "covariance",
+    "n_samples",
+    "max_iter",
+    "gradient",
+    "n_jobs",
+    "random_state",
+)
+
+
+def build_parser():
+    parser = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0],
+        epilog="GP options left out take GPStructClassifier's defaults.",
+    )
+    parser.add_argument(
+        "--datasets", nargs="+", choices=list(DATASETS), default=list(DATASETS),
+        metavar="NAME",
+        help=f"data sets to run, among {', '.join(DATASETS)} (default: all)",
+    )
+    parser.add_argument(
+        "--folds", nargs="+", type=int, choices=range(5), default=None,
+        metavar="K", help="folds to run, among 0..4 (default: all five)",
+    )
+    parser.add_argument(
+        "--data", default=str(DEFAULT_DATA_DIR), metavar="DIR",
+        help="directory holding crfpp/ and gpstruct-splits/ "
+        "(default: <repo>/../shared/data)",
+    )
+    parser.add_argument("--out", metavar="FILE", help="also write the results as JSON")
+    parser.add_argument(
+        "--quick", action="store_true",
+        help=f"smoke test: the first requested fold only, and max_iter="
+        f"{QUICK_MAX_ITER} unless --max-iter is given",
+    )
+    parser.add_argument(
+        "-v", "--verbose", action="store_true",
+        help="print the GP's ELBO progress lines",
+    )
+    gp = parser.add_argument_group("GPStructClassifier options")
+    gp.add_argument("--kernel", choices=["linear", "rbf"])
+    gp.add_argument("--n-inducing", type=int, metavar="M")
+    gp.add_argument("--covariance", choices=["full", "diag"])
+    gp.add_argument("--n-samples", type=int, metavar="S")
+    gp.add_argument("--max-iter", type=int, metavar="N")
+    gp.add_argument("--gradient", choices=["pathwise", "score"])
+    gp.add_argument("--n-jobs", type=int, metavar="N")
+    gp.add_argument("--random-state", type=int, metavar="SEED")
+    return parser
+
+
+def gp_params(args):
+    params = {
+        name: getattr(args, name)
+        for name in GP_OPTIONS
+        if getattr(args, name) is not None
+    }
+    if args.quick:
+        params.setdefault("max_iter", QUICK_MAX_ITER)
+    return params
+
+
+def run_gp(params, verbose, X_train, y_train, X_test, y_test):
+    gp = GPStructClassifier(**params, verbose=int(verbose))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", ConvergenceWarning)
+        with Stopwatch() as fit:
+            gp.fit(X_train, y_train)
+    converged = not any(
+        issubclass(w.category, ConvergenceWarning) for w in caught
+    )
+    for w in caught:
+        if not issubclass(w.category, ConvergenceWarning):
+            warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
+    with Stopwatch() as predict:
+        y_pred = gp.predict(X_test)
+    return {
+        "error": token_error(y_test, y_pred),
+        "fit_time": fit.seconds,
+        "predict_time": predict.seconds,
+        "n_iter": int(gp.n_iter_),
+        "converged": converged,
+        "elbo": float(gp.elbo_history_[-1]) if gp.elbo_history_ else None,
+    }
+
+
+def run_fold(dataset, pool, folds, k, params, args, with_crf):
+    tokens, labels, template = pool
+    train, test = fold_split(folds, k, dataset.n_train)
+    tok_train, tok_test = take(tokens, train), take(tokens, test)
+    y_train, y_test = take(labels, train), take(labels, test)
+    X_train, X_test, names, feature_time = template_features(
+        template, tok_train, tok_test
+    )
+    result = {
+        "dataset": dataset.name,
+        "fold": k,
+        "n_train_tokens": int(sum(len(s) for s in y_train)),
+        "n_test_tokens": int(sum(len(s) for s in y_test)),
+        "n_features": int(len(names)),
+        "feature_time": feature_time,
+    }
+    print(
+        f"{dataset.name} fold {k}: {len(train)} training sequences "
+        f"({result['n_train_tokens']} tokens), {len(test)} test "
+        f"({result['n_test_tokens']} tokens), {result['n_features']} features",
+        flush=True,
+    )
+    result["gp"] = run_gp(params, args.verbose, X_train, y_train, X_test, y_test)
+    gp = result["gp"]
+    note = "" if gp["converged"] else ", not converged"
+    print(
+        f"  GP   error {gp['error']:6.2f} %   fit {gp['fit_time']:8.2f} s "
+        f"({gp['n_iter']} iterations{note})",
+        flush=True,
+    )
+    if with_crf:
+        with Stopwatch() as convert:
+            C_train, C_test = to_crfsuite(X_train, names), to_crfsuite(X_test, names)
+        crf = run_crfsuite(C_train, y_train, C_test, y_test)
+        crf["convert_time"] = convert.seconds
+        crf["total_time"] = crf["select_time"] + crf["refit_time"]
+        result["crf"] = crf
+        result["gp_over_crf_time"] = gp["fit_time"] / crf["total_time"]
+        print(
+            f"  CRF  error {crf['error']:6.2f} %   selection "
+            f"{crf['select_time']:6.2f} s + refit {crf['refit_time']:6.2f} s "
+            f"(c2={crf['c2']:g})   GP / CRF time "
+            f"{result['gp_over_crf_time']:.1f}x",
+            flush=True,
+        )
+    lr = run_logreg(X_train, y_train, X_test, y_test)
+    result["logreg"] = lr
+    print(
+        f"  LR   error {lr['error']:6.2f} %   selection "
+        f"{lr['select_time']:6.2f} s + refit {lr['refit_time']:6.2f} s "
+        f"(C={lr['C']:g})",
+        flush=True,
+    )
+    return result
+
+
+def _cells(folds, with_crf):
+    """Table cells of a list of fold results: the value for one fold, the
+    mean (std) for several."""
+
+    def fmt(values, digits=2, unit=" s"):
+        return format_mean_std(values, digits=digits, unit=unit)
+
+    gp_err = fmt([r["gp"]["error"] for r in folds], unit="")
+    lr_err = fmt([r["logreg"]["error"] for r in folds], unit="")
+    gp_fit = fmt([r["gp"]["fit_time"] for r in folds])
+    lr_time = fmt(
+        [r["logreg"]["select_time"] + r["logreg"]["refit_time"] for r in folds]
+    )
+    if not with_crf:
+        return [gp_err, lr_err, gp_fit, lr_time]
+    return [
+        gp_err,
+        fmt([r["crf"]["error"] for r in folds], unit=""),
+        lr_err,
+        gp_fit,
+        fmt([r["crf"]["select_time"] for r in folds]),
+        fmt([r["crf"]["refit_time"] for r in folds]),
+        lr_time,
+        fmt([r["gp_over_crf_time"] for r in folds], digits=1, unit="x"),
+    ]
+
+
+def summary_rows(results, with_crf):
+    """Markdown rows: every fold, then the mean (std) of each data set."""
+    rows = []
+    for name, folds in results.items():
+        for r in folds:
+            rows.append([name, str(r["fold"]), *_cells([r], with_crf)])
+        rows.append(
+            [f"**{name}**", f"mean ({len(folds)} folds)", *_cells(folds, with_crf)]
+        )
+    return rows
+
+
+def main(argv=None):
+    args = build_parser().parse_args(argv)
+    data_dir = check_data_dir(args.data)
+    folds_to_run = args.folds if args.folds is not None else list(range(5))
+    if args.quick:
+        folds_to_run = folds_to_run[:1]
+    params = gp_params(args)
+    with_crf = crfsuite_available()
+    env = environment()
+
+    print(f"command: {command_line()}")
+    print("environment: " + ", ".join(f"{k} {v}" for k, v in env.items()))
+    print(f"GPStructClassifier options: {params or 'defaults'}")
+    print(f"GP parameters: {GPStructClassifier(**params).get_params()}")
+    print(
+        f"peers: inner {INNER_FOLDS}-fold CV; CRF c2 grid {list(CRF_C2_GRID)}, "
+        f"LR C grid {list(LR_C_GRID)}"
+    )
+    if not with_crf:
+        print(
+            "sklearn_crfsuite is not installed: the CRF column is skipped "
+            "(pip install \".[bench]\")"
+        )
+    print()
+
+    results = {}
+    for name in args.datasets:
+        dataset = DATASETS[name]
+        pool = load_pool(data_dir, dataset)
+        folds = read_folds(data_dir, dataset)
+        results[name] = [
+            run_fold(dataset, pool, folds, k, params, args, with_crf)
+            for k in folds_to_run
+        ]
+        print()
+
+    header = ["data set", "fold", "GP error %"]
+    if with_crf:
+        header += ["CRF error %", "LR error %", "GP fit", "CRF selection",
+                   "CRF refit", "LR selection + refit", "GP / CRF time"]
+    else:
+        header += ["LR error %", "GP fit", "LR selection + refit"]
+    print("## Measured in this run (mean (std over folds, ddof=1))")
+    print()
+    print(markdown_table(header, summary_rows(results, with_crf)))
+    print()
+    print("GP / CRF time = GP fit time / (CRF c2 selection + CRF refit), per "
+          "fold, then averaged.")
+    print()
+    print("## Quoted from BENCHMARK.md (not measured in this run)")
+    print()
+    quoted = [
+        [name, QUOTED_PAPER_GP_VAR_B[name], QUOTED_MEASURED_CRF[name][0],
+         QUOTED_MEASURED_LR[name], QUOTED_MEASURED_CRF[name][1]]
+        for name in args.datasets
+    ]
+    print(markdown_table(
+        ["data set", "paper GP-VAR-B error %", "measured CRF error %",
+         "measured per-token LR error %", "CRF fit + selection per fold"],
+        quoted,
+    ))
+    if "basenp" in args.datasets:
+        print()
+        print(f"Floor (BENCHMARK.md, NumPy weight-space probe, basenp): "
+              f"{QUOTED_PROBE_BASENP}.")
+    print()
+    print(f"command: {command_line()}")
+
+    if args.out:
+        payload = {
+            "command": command_line(),
+            "environment": env,
+            "gp_options": params,
+            "gp_parameters": {
+                k: v if isinstance(v, str | int | float | bool | type(None))
+                else repr(v)
+                for k, v in GPStructClassifier(**params).get_params().items()
+            },
+            "quick": args.quick,
+            "results": results,
+        }
+        with open(args.out, "w", encoding="utf-8") as handle:
+            json.dump(payload, handle, indent=2, default=_json_default)
+        print(f"results written to {args.out}")
+    return 0
+
+
+def _json_default(value):
+    if isinstance(value, np.generic):
+        return value.item()
+    raise TypeError(f"cannot serialise {type(value).__name__}")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,749 @@
+"""GPStructClassifier: scikit-learn conventions and input handling.
+
+Every test fits on small synthetic data (``make_sequences`` with short
+sequences and low noise) with parameters under which L-BFGS converges in a
+few dozen iterations, so that ``filterwarnings = error`` holds without
+silencing ``ConvergenceWarning``. Expected values come from outside the
+estimator: label counts, ``KFold`` splits computed here, the training rows.
+"""
+
+import copy
+import pickle
+import re
+
+import joblib
+import numpy as np
+import pytest
+import scipy.sparse as sp
+from scipy.special import logsumexp
+from sklearn.base import clone, is_classifier
+from sklearn.exceptions import ConvergenceWarning, NotFittedError
+from sklearn.gaussian_process.kernels import RBF, ConstantKernel
+from sklearn.model_selection import GridSearchCV, KFold, cross_val_score
+from sklearn.pipeline import Pipeline, make_pipeline
+from sklearn.preprocessing import FunctionTransformer
+from sklearn.utils.estimator_checks import (
+    check_no_attributes_set_in_init,
+    check_parameters_default_constructible,
+)
+
+import skgpstruct._estimator as estimator_module
+from skgpstruct import GPStructClassifier, SequenceDictVectorizer
+from skgpstruct._sequences import chunk_slices
+from skgpstruct.datasets import make_sequences
+from skgpstruct.kernels import Kernel, RBFKernel
+from skgpstruct.likelihoods import Likelihood
+from skgpstruct.metrics import SCORERS, sequence_accuracy, token_accuracy
+
+#: Converges (relative ELBO change < 1e-2) in about 20 iterations on DATA.
+FAST = {"n_inducing": 20, "max_iter": 100, "tol": 1e-2, "random_state": 0}
+N_FEATURES = 8
+N_CLASSES = 3
+LETTERS = np.array(["b-np", "i-np", "o"])  # sorted, like classes_ must be
+
+
+def split(n_sequences=40, n_train=30, *, noise=0.5, sparse=False, seed=0):
+    """(X_train, y_train, X_test, y_test) of easy synthetic sequences."""
+    X, y = make_sequences(
+        n_sequences=n_sequences, n_classes=N_CLASSES, n_features=N_FEATURES,
+        length_range=(2, 8), noise=noise, sparse=sparse, random_state=seed,
+    )
+    return X[:n_train], y[:n_train], X[n_train:], y[n_train:]
+
+
+def majority_rate(y):
+    """Share of the most frequent label among all tokens of ``y``."""
+    _, counts = np.unique(np.concatenate(y), return_counts=True)
+    return counts.max() / counts.sum()
+
+
+def flat_accuracy(y_true, y_pred):
+    """Token accuracy computed here, without the library's metrics."""
+    return float(np.mean(np.concatenate(y_true) == np.concatenate(y_pred)))
+
+
+def assert_clearly_better_than_chance(y_true, y_pred):
+    accuracy = flat_accuracy(y_true, y_pred)
+    majority = majority_rate(y_true)
+    assert accuracy > 0.8, accuracy
+    assert accuracy > majority + 0.3, (accuracy, majority)
+
+
+def token_dicts(X):
+    """crfsuite-style token dicts (numbers and a categorical) from features."""
+    return [
+        [
+            {f"x{j}": float(v) for j, v in enumerate(row)}
+            | {"sign0": "pos" if row[0] > 0 else "neg"}
+            for row in seq
+        ]
+        for seq in X
+    ]
+
+
+def double_features(X):
+    """A stateless list-to-list transformer for FunctionTransformer."""
+    return [2.0 * np.asarray(x) for x in X]
+
+
+def take(items, indices):
+    return [items[i] for i in indices]
+
+
+class UnaryOnlyLikelihood(Likelihood):
+    """Independent softmax per token; provides log p(y | f) only."""
+
+    def _log_prob(self, unary, pairwise, offsets, labels):
+        log_softmax = unary - logsumexp(unary, axis=2, keepdims=True)
+        n_samples, n_tokens, _ = unary.shape
+        per_token = log_softmax[:, np.arange(n_tokens), labels]
+        cumulative = np.zeros((n_samples, n_tokens + 1))
+        np.cumsum(per_token, axis=1, out=cumulative[:, 1:])
+        return cumulative[:, offsets[1:]] - cumulative[:, offsets[:-1]]
+
+
+@pytest.fixture(scope="module")
+def data():
+    return split()
+
+
+@pytest.fixture(scope="module")
+def fitted(data):
+    """A model fitted on dense ``data``; tests must not modify it."""
+    X, y, _, _ = data
+    return GPStructClassifier(**FAST).fit(X, y)
+
+
+def fitted_attributes(model):
+    return (
+        model.q_mu_, model.q_sqrt_, model.weights_, model.pairwise_mean_,
+        model.pairwise_std_, model.kernel_.theta,
+    )
+
+
+def assert_same_fit(a, b):
+    for left, right in zip(fitted_attributes(a), fitted_attributes(b), strict=True):
+        np.testing.assert_array_equal(left, right)
+    assert a.elbo_history_ == b.elbo_history_
+    assert a.n_iter_ == b.n_iter_
+
+
+# --------------------------------------------------------------------------- #
+# parameters: __init__, get_params / set_params, clone
+
+
+def test_sklearn_init_checks():
+    check_no_attributes_set_in_init("GPStructClassifier", GPStructClassifier())
+    check_parameters_default_constructible(
+        "GPStructClassifier", GPStructClassifier()
+    )
+
+
+def test_init_stores_parameters_unchanged():
+    kernel, likelihood = RBFKernel(length_scale=2.0), UnaryOnlyLikelihood()
+    given = {
+        "kernel": kernel, "n_inducing": 7, "n_components": 2,
+        "covariance": "full", "likelihood": likelihood, "gradient": "score",
+        "n_samples": 3, "max_iter": 11, "tol": 0.5, "decode": "marginal",
+        "learn_hyperparameters": False, "pairwise_prior_variance": 2.5,
+        "inducing": "random", "n_predict_samples": 5, "n_jobs": 2,
+        "random_state": 42, "verbose": 1, "warm_start": True,
+    }
+    params = GPStructClassifier(**given).get_params(deep=False)
+    assert params.keys() == given.keys()
+    for name, value in given.items():
+        assert params[name] is value, name
+    # Invalid values are stored too: validation belongs to fit.
+    assert GPStructClassifier(covariance="foo", n_inducing=-1).n_inducing == -1
+
+
+def test_get_params_set_params_round_trip():
+    source = GPStructClassifier(
+        "rbf", n_inducing=7, covariance="full", random_state=3, decode="marginal"
+    )
+    target = GPStructClassifier().set_params(**source.get_params())
+    assert target.get_params() == source.get_params()
+    # Nested kernel parameters go through the kernel's own get/set_params.
+    model = GPStructClassifier(RBFKernel(length_scale=2.0))
+    assert model.get_params()["kernel__length_scale"] == 2.0
+    model.set_params(kernel__length_scale=5.0)
+    assert model.kernel.get_params()["length_scale"] == 5.0
+    with pytest.raises(ValueError, match="n_inducingg"):
+        model.set_params(n_inducingg=3)
+
+
+def test_clone_copies_parameters_not_fitted_state(fitted):
+    model = GPStructClassifier(
+        RBFKernel(length_scale=2.0), n_inducing=9, random_state=1
+    )
+    twin = clone(model)
+    assert twin is not model and twin.kernel is not model.kernel
+    assert repr(twin.kernel) == repr(model.kernel)
+    assert twin.get_params(deep=False).keys() == model.get_params(deep=False).keys()
+    assert twin.n_inducing == 9 and twin.random_state == 1
+    fresh = clone(fitted)
+    assert fresh.get_params() == fitted.get_params()
+    for name in ("classes_", "q_mu_", "kernel_", "elbo_history_"):
+        assert not hasattr(fresh, name), name
+
+
+@pytest.mark.parametrize(
+    "make_kernel",
+    [lambda: RBFKernel(length_scale=2.0), lambda: RBF() * ConstantKernel()],
+    ids=["skgpstruct", "sklearn"],
+)
+def test_fit_never_modifies_the_kernel_parameter(data, make_kernel):
+    X, y, _, _ = data
+    kernel = make_kernel()
+    before = (repr(kernel), kernel.theta.copy())
+    model = GPStructClassifier(kernel, **FAST).fit(X, y)
+    assert model.kernel is kernel
+    assert (repr(kernel), list(kernel.theta)) == (before[0], list(before[1]))
+    assert model.kernel_ is not kernel
+    # The hyperparameters were learned, on the copy.
+    assert not np.allclose(model.kernel_.theta[: len(before[1])], before[1])
+
+
+def test_not_tagged_as_classifier():
+    # Integer cv must give KFold (stratification is undefined on sequences).
+    assert not is_classifier(GPStructClassifier())
+    assert not is_classifier(make_pipeline(SequenceDictVectorizer(),
+                                           GPStructClassifier()))
+
+
+# --------------------------------------------------------------------------- #
+# model selection and pipelines
+
+
+def test_grid_search_cv2_over_dict_pipeline_matches_manual_kfold():
+    X, y, _, _ = split(n_sequences=30, noise=1.5, seed=1)
+    labels = [LETTERS[s] for s in y]
+    D = token_dicts(X)
+    pipe = Pipeline([
+        ("vec", SequenceDictVectorizer()),
+        ("gp", GPStructClassifier(**FAST)),
+    ])
+    grid = {"gp__n_inducing": [5, 20]}
+    search = GridSearchCV(
+        pipe, grid, cv=2, scoring=SCORERS["token_accuracy"], error_score="raise"
+    ).fit(D, labels)
+
+    folds = list(KFold(n_splits=2).split(D))
+    for i, n_inducing in enumerate(grid["gp__n_inducing"]):
+        assert search.cv_results_["params"][i] == {"gp__n_inducing": n_inducing}
+        for k, (train, test) in enumerate(folds):
+            model = clone(pipe).set_params(gp__n_inducing=n_inducing)
+            model.fit(take(D, train), take(labels, train))
+            expected = flat_accuracy(take(labels, test), model.predict(take(D, test)))
+            assert search.cv_results_[f"split{k}_test_score"][i] == pytest.approx(
+                expected, abs=1e-12
+            )
+    best = search.best_estimator_
+    assert best.named_steps["gp"].n_inducing == search.best_params_["gp__n_inducing"]
+    assert list(best.named_steps["gp"].classes_) == list(LETTERS)
+    predictions = best.predict(D[:3])
+    assert all(set(p) <= set(LETTERS) for p in predictions)
+    assert [len(p) for p in predictions] == [len(s) for s in D[:3]]
+
+
+def test_grid_search_over_kernel_with_string_labels(data):
+    X, y, X_test, y_test = data
+    labels = [LETTERS[s] for s in y]
+    search = GridSearchCV(
+        GPStructClassifier(**FAST), {"kernel": ["linear", "rbf"]}, cv=2,
+        scoring=SCORERS["sequence_accuracy"], error_score="raise",
+    ).fit(X, labels)
+    assert search.best_params_["kernel"] in ("linear", "rbf")
+    assert search.best_estimator_.kernel == search.best_params_["kernel"]
+    assert np.all(np.isfinite(search.cv_results_["mean_test_score"]))
+    predictions = search.predict(X_test)
+    assert_clearly_better_than_chance([LETTERS[s] for s in y_test], predictions)
+
+
+@pytest.mark.parametrize("scoring", [None, "sequence_accuracy"])
+def test_cross_val_score_over_sequence_lists_is_kfold(data, scoring):
+    X, y, _, _ = data
+    model = make_pipeline(
+        FunctionTransformer(double_features), GPStructClassifier(**FAST)
+    )
+    scores = cross_val_score(
+        model, X, y, cv=2, error_score="raise",
+        scoring=None if scoring is None else SCORERS[scoring],
+    )
+    metric = token_accuracy if scoring is None else sequence_accuracy
+    expected = []
+    for train, test in KFold(n_splits=2).split(X):
+        fold = clone(model).fit(take(X, train), take(y, train))
+        expected.append(metric(take(y, test), fold.predict(take(X, test))))
+    np.testing.assert_allclose(scores, expected, rtol=0, atol=1e-12)
+    assert np.all(scores > 0.5)
+
+
+# --------------------------------------------------------------------------- #
+# pickling and fitted state
+
+
+def test_pickle_round_trip_gives_identical_predictions(data, fitted):
+    _, _, X_test, _ = data
+    restored = pickle.loads(pickle.dumps(fitted))
+    for a, b in zip(fitted.predict(X_test), restored.predict(X_test), strict=True):
+        np.testing.assert_array_equal(a, b)
+    marginals = fitted.predict_marginals(X_test)
+    for a, b in zip(marginals, restored.predict_marginals(X_test), strict=True):
+        np.testing.assert_array_equal(a, b)
+    assert_same_fit(fitted, restored)
+
+
+@pytest.mark.parametrize("method", ["predict", "predict_marginals", "score"])
+def test_not_fitted_error(data, method):
+    X, y, _, _ = data
+    args = (X, y) if method == "score" else (X,)
+    with pytest.raises(NotFittedError):
+        getattr(GPStructClassifier(), method)(*args)
+
+
+@pytest.mark.parametrize(
+    ("covariance", "n_components", "sparse"),
+    [("diag", 1, False), ("full", 1, True), ("full", 2, False), ("diag", 2, True)],
+)
+def test_fitted_attributes_have_documented_shapes(covariance, n_components, sparse):
+    X, y, _, _ = split(sparse=sparse)
+    model = GPStructClassifier(
+        covariance=covariance, n_components=n_components, **FAST
+    ).fit(X, y)
+    X_all = sp.vstack(X).toarray() if sparse else np.vstack(X)
+    n_features = X_all.shape[1]
+    K, V = n_components, N_CLASSES
+
+    np.testing.assert_array_equal(model.classes_, np.arange(V))
+    assert model.n_features_in_ == n_features
+    Z = model.inducing_points_
+    assert sp.issparse(Z) == sparse
+    M = Z.shape[0]
+    assert Z.shape == (M, n_features) and 1 <= M <= FAST["n_inducing"]
+    Z = Z.toarray() if sparse else Z
+    for row in Z:  # every inducing input is a training token
+        assert np.any(np.all(X_all == row, axis=1))
+    assert len(np.unique(Z, axis=0)) == M  # distinct tokens
+    assert isinstance(model.kernel_, Kernel)
+    assert model.q_mu_.shape == (K, V, M)
+    if covariance == "full":
+        assert model.q_sqrt_.shape == (K, V, M, M)
+        np.testing.assert_array_equal(np.triu(model.q_sqrt_, 1), 0.0)
+    else:
+        assert model.q_sqrt_.shape == (K, V, M)
+        assert np.all(model.q_sqrt_ > 0)
+    assert model.weights_.shape == (K,)
+    assert np.all(model.weights_ >= 0)
+    assert model.weights_.sum() == pytest.approx(1.0, abs=1e-12)
+    assert model.pairwise_mean_.shape == (V, V)
+    assert model.pairwise_std_.shape == (V, V)
+    assert np.all(model.pairwise_std_ > 0)
+    assert isinstance(model.n_iter_, int) and model.n_iter_ >= 1
+    assert isinstance(model.elbo_history_, list)
+    assert len(model.elbo_history_) == model.n_iter_
+    assert all(isinstance(v, float) and np.isfinite(v) for v in model.elbo_history_)
+    # L-BFGS never accepts a worse point on the fixed-sample objective.
+    assert model.elbo_history_[-1] >= model.elbo_history_[0]
+
+
+def test_n_inducing_is_capped_at_the_distinct_training_tokens():
+    # Two binary features: at most 2**2 distinct tokens.
+    X, y, _, _ = split(sparse=True)
+    X = [x[:, :2] for x in X]
+    n_distinct = len(np.unique(sp.vstack(X).toarray(), axis=0))
+    model = GPStructClassifier(**{**FAST, "n_inducing": 50}).fit(X, y)
+    assert model.inducing_points_.shape == (n_distinct, 2)
+    assert model.q_mu_.shape == (1, N_CLASSES, n_distinct)
+
+
+def test_learn_hyperparameters_false_keeps_the_kernel(data):
+    X, y, _, _ = data
+    kernel = RBFKernel(length_scale=2.0)
+    model = GPStructClassifier(kernel, learn_hyperparameters=False, **FAST)
+    np.testing.assert_array_equal(model.fit(X, y).kernel_.theta, kernel.theta)
+    # "linear" starts at a prior sd of 1 for a training token's potential.
+    linear = GPStructClassifier(learn_hyperparameters=False, **FAST).fit(X, y)
+    assert np.mean(linear.kernel_.diag(np.vstack(X))) == pytest.approx(1.0)
+
+
+# --------------------------------------------------------------------------- #
+# labels and feature formats
+
+
+def test_string_labels(data):
+    X, y, X_test, y_test = data
+    labels = [LETTERS[s] for s in y]
+    model = GPStructClassifier(**FAST).fit(X, labels)
+    np.testing.assert_array_equal(model.classes_, np.unique(np.concatenate(labels)))
+    assert model.classes_.dtype.kind == "U"
+    assert list(model.classes_) == sorted(model.classes_)
+    predictions = model.predict(X_test)
+    assert all(p.dtype.kind == "U" and set(p) <= set(LETTERS) for p in predictions)
+    expected = [LETTERS[s] for s in y_test]
+    assert_clearly_better_than_chance(expected, predictions)
+    assert model.score(X_test, expected) == pytest.approx(
+        flat_accuracy(expected, predictions)
+    )
+
+
+def test_integer_labels_with_gaps(data):
+    X, y, X_test, y_test = data
+    model = GPStructClassifier(**FAST).fit(X, [10 * s - 7 for s in y])
+    np.testing.assert_array_equal(model.classes_, [-7, 3, 13])
+    assert model.classes_.dtype.kind == "i"
+    predictions = model.predict(X_test)
+    assert all(p.dtype.kind == "i" and set(p) <= {-7, 3, 13} for p in predictions)
+    assert_clearly_better_than_chance([10 * s - 7 for s in y_test], predictions)
+
+
+def test_zero_length_training_sequence_keeps_integer_labels(data):
+    # An empty sequence has no labels to add: classes_ must be the same, with
+    # the same dtype, as without it (``[]`` must not turn labels into floats).
+    X, y, X_test, _ = data
+    model = GPStructClassifier(**FAST).fit(
+        X + [np.zeros((0, N_FEATURES))], y + [[]]
+    )
+    np.testing.assert_array_equal(model.classes_, np.arange(N_CLASSES))
+    assert model.classes_.dtype.kind == "i", model.classes_
+    assert all(p.dtype.kind == "i" for p in model.predict(X_test))
+
+
+@pytest.mark.parametrize("sparse", [False, True], ids=["dense", "csr"])
+@pytest.mark.parametrize("kernel", ["linear", "rbf"])
+def test_accuracy_on_easy_data(sparse, kernel):
+    X, y, X_test, y_test = split(sparse=sparse)
+    assert all(sp.isspmatrix_csr(x) for x in X) == sparse
+    model = GPStructClassifier(kernel, **FAST).fit(X, y)
+    predictions = model.predict(X_test)
+    assert [len(p) for p in predictions] == [len(t) for t in y_test]
+    assert_clearly_better_than_chance(y_test, predictions)
+
+
+def test_sklearn_kernel_on_dense_and_refused_on_sparse(data):
+    X, y, X_test, y_test = data
+    model = GPStructClassifier(RBF() * ConstantKernel(), **FAST).fit(X, y)
+    assert_clearly_better_than_chance(y_test, model.predict(X_test))
+    X_sparse = [sp.csr_matrix(x) for x in X]
+    with pytest.raises(ValueError, match=r"scikit-learn kernel.*X is sparse"):
+        GPStructClassifier(RBF() * ConstantKernel(), **FAST).fit(X_sparse, y)
+
+
+def test_score_gradient_fits_and_predicts(data):
+    X, y, X_test, y_test = data
+    model = GPStructClassifier(gradient="score", **FAST).fit(X, y)
+    assert_clearly_better_than_chance(y_test, model.predict(X_test))
+
+
+def test_likelihood_without_gradient_with_score_estimator(data):
+    X, y, X_test, y_test = data
+    model = GPStructClassifier(
+        likelihood=UnaryOnlyLikelihood(), gradient="score", **FAST
+    ).fit(X, y)
+    assert_clearly_better_than_chance(y_test, model.predict(X_test))
+
+
+# --------------------------------------------------------------------------- #
+# predict_marginals and zero-length sequences
+
+
+@pytest.mark.parametrize("n_components", [1, 2])
+def test_predict_marginals_are_distributions(data, fitted, n_components):
+    X, y, X_test, y_test = data
+    model = fitted if n_components == 1 else GPStructClassifier(
+        n_components=n_components, **FAST
+    ).fit(X, y)
+    marginals = model.predict_marginals(X_test)
+    assert isinstance(marginals, list) and len(marginals) == len(X_test)
+    for m, x in zip(marginals, X_test, strict=True):
+        assert m.shape == (x.shape[0], N_CLASSES)
+        assert np.all(m >= 0)
+        np.testing.assert_allclose(m.sum(axis=1), 1.0, rtol=0, atol=1e-12)
+    # The most probable label is right most of the time on easy data.
+    argmax = [model.classes_[m.argmax(axis=1)] for m in marginals]
+    assert_clearly_better_than_chance(y_test, argmax)
+
+
+def test_decode_marginal_is_argmax_of_predict_marginals(data, fitted):
+    _, _, X_test, _ = data
+    model = copy.deepcopy(fitted).set_params(decode="marginal")
+    marginals = model.predict_marginals(X_test)
+    for p, m in zip(model.predict(X_test), marginals, strict=True):
+        np.testing.assert_array_equal(p, model.classes_[np.argmax(m, axis=1)])
+
+
+EMPTY_POSITIONS = {
+    "first": [0],
+    "middle": [2],
+    "last": [5],
+    "several": [0, 2, 4, 7],
+}
+
+
+@pytest.mark.parametrize("chunk_tokens", [2000, 3], ids=["one-chunk", "tiny-chunks"])
+@pytest.mark.parametrize("positions", EMPTY_POSITIONS.values(),
+                         ids=EMPTY_POSITIONS.keys())
+@pytest.mark.parametrize("empty", [
+    lambda: np.zeros((0, N_FEATURES)), lambda: [],
+], ids=["zeros(0,F)", "[]"])
+def test_zero_length_sequences_at_predict(
+    data, fitted, monkeypatch, chunk_tokens, positions, empty
+):
+    _, _, X_test, _ = data
+    monkeypatch.setattr(estimator_module, "CHUNK_TOKENS", chunk_tokens)
+    X = list(X_test[:4])
+    for position in positions:
+        X.insert(position, empty())
+    is_empty = [len(x) == 0 for x in X]
+    predictions = fitted.predict(X)
+    marginals = fitted.predict_marginals(X)
+    assert len(predictions) == len(marginals) == len(X)
+    for p, m, x, e in zip(predictions, marginals, X, is_empty, strict=True):
+        if e:
+            assert p.shape == (0,) and p.dtype == fitted.classes_.dtype
+            assert m.shape == (0, N_CLASSES)
+        else:
+            assert p.shape == (x.shape[0],) and m.shape == (x.shape[0], N_CLASSES)
+    # Viterbi on the mean potentials does not depend on the other sequences.
+    expected = fitted.predict(X_test[:4])
+    non_empty = [p for p, e in zip(predictions, is_empty, strict=True) if not e]
+    for a, b in zip(non_empty, expected, strict=True):
+        np.testing.assert_array_equal(a, b)
+    # Only zero-length sequences.
+    assert [p.shape for p in fitted.predict([empty(), empty()])] == [(0,), (0,)]
+    assert [m.shape for m in fitted.predict_marginals([empty()])] == [
+        (0, N_CLASSES)
+    ]
+    assert fitted.predict([]) == [] and fitted.predict_marginals([]) == []
+
+
+BATCHES = {
+    "empty-inserted": lambda X: ([np.zeros((0, N_FEATURES))] + X, slice(1, None)),
+    "reversed": lambda X: (X[::-1], slice(None, None, -1)),
+    "other-sequences-added": lambda X: (X + X, slice(None, len(X))),
+}
+
+
+@pytest.mark.parametrize("batch", BATCHES.values(), ids=BATCHES.keys())
+def test_predict_marginals_do_not_depend_on_the_rest_of_the_batch(
+    data, fitted, batch
+):
+    # A sequence's marginals (like predict_proba of a sample, see sklearn's
+    # check_methods_subset_invariance / check_methods_sample_order_invariance)
+    # must not change with its position or with the other sequences passed.
+    _, _, X_test, _ = data
+    X = list(X_test[:5])
+    reference = fitted.predict_marginals(X)
+    X_batch, back = batch(X)
+    in_batch = fitted.predict_marginals(X_batch)[back]
+    for a, b in zip(reference, in_batch, strict=True):
+        np.testing.assert_allclose(b, a, rtol=0, atol=1e-12)
+
+
+# --------------------------------------------------------------------------- #
+# bad input
+
+
+def _bad_fit_inputs():
+    X, y, _, _ = split()
+    nan = [x.copy() for x in X]
+    nan[3][1, 2] = np.nan
+    inf = [x.copy() for x in X]
+    inf[0][0, 0] = -np.inf
+    short_labels = list(y)
+    short_labels[1] = short_labels[1][:-1]
+    return {
+        "len(X) != len(y)": (X, y[:-1], r"different numbers of sequences: 30 and 29"),
+        "no sequences": ([], [], r"X contains no sequences"),
+        "label count": (X, short_labels, r"sequence 1 has \d+ tokens in X but \d+"),
+        "NaN": (nan, y, r"X\[3\] contains NaN or infinite"),
+        "inf": (inf, y, r"X\[0\] contains NaN or infinite"),
+        "one 2-D array": (X[0], y[0], r"list of per-sequence feature matrices"),
+        "only empty": ([np.zeros((0, N_FEATURES))], [[]], r"no tokens"),
+        "mixed dense and sparse": (
+            [sp.csr_matrix(X[0])] + X[1:], y, r"mixes dense and sparse"
+        ),
+        "labels a string": (X[:1], ["ab"], r"y\[0\] is a single string"),
+    }
+
+
+BAD_FIT_INPUTS = _bad_fit_inputs()
+
+
+@pytest.mark.parametrize("case", BAD_FIT_INPUTS.values(), ids=BAD_FIT_INPUTS.keys())
+def test_bad_fit_input(case):
+    X, y, message = case
+    with pytest.raises(ValueError, match=message):
+        GPStructClassifier(**FAST).fit(X, y)
+
+
+@pytest.mark.parametrize("method", ["predict", "predict_marginals", "score"])
+@pytest.mark.parametrize(
+    ("X", "message"),
+    [
+        ([np.zeros((3, N_FEATURES + 1))],
+         rf"{N_FEATURES + 1} features per token.*fitted with {N_FEATURES}"),
+        ([np.full((3, N_FEATURES), np.nan)], r"X\[0\] contains NaN or infinite"),
+        ([np.full((3, N_FEATURES), np.inf)], r"X\[0\] contains NaN or infinite"),
+        (np.zeros((3, N_FEATURES)), r"list of per-sequence feature matrices"),
+    ],
+    ids=["n_features", "NaN", "inf", "one 2-D array"],
+)
+def test_bad_predict_input(fitted, method, X, message):
+    args = (X, [np.zeros(3, dtype=int)]) if method == "score" else (X,)
+    with pytest.raises(ValueError, match=message):
+        getattr(fitted, method)(*args)
+
+
+BAD_PARAMS = [
+    ({"covariance": "foo"}, r"covariance must be one of \['full', 'diag'\]"),
+    ({"gradient": "foo"}, r"gradient must be one of \['pathwise', 'score'\]"),
+    ({"decode": "foo"}, r"decode must be one of \['viterbi', 'marginal'\]"),
+    ({"optimizer": "adam"}, r"optimizer must be one of \['lbfgs'\]"),
+    ({"inducing": "foo"}, r"inducing must be one of \['kmeans\+\+', 'random'\]"),
+    ({"covariance": None}, r"covariance must be one of"),
+    ({"kernel": "foo"}, r"unknown kernel 'foo'"),
+    ({"likelihood": "foo"}, r"likelihood must be one of \['crf'\]"),
+    ({"n_inducing": 0}, r"n_inducing must be an integer >= 1, got 0"),
+    ({"n_inducing": -3}, r"n_inducing must be an integer >= 1"),
+    ({"n_inducing": 2.5}, r"n_inducing must be an integer >= 1"),
+    ({"n_components": 0}, r"n_components must be an integer >= 1"),
+    ({"n_samples": 0}, r"n_samples must be an integer >= 1"),
+    ({"max_iter": 0}, r"max_iter must be an integer >= 1"),
+    ({"max_iter": True}, r"max_iter must be an integer >= 1"),
+    ({"n_predict_samples": -1}, r"n_predict_samples must be an integer >= 1"),
+    ({"tol": 0.0}, r"tol must be a positive number"),
+    ({"tol": np.nan}, r"tol must be a positive number"),
+    ({"pairwise_prior_variance": -1.0}, r"pairwise_prior_variance must be a posit"),
+    ({"random_state": "seed"}, r"random_state must be None, an int"),
+    (
+        {"likelihood": UnaryOnlyLikelihood(), "gradient": "pathwise"},
+        r"gradient='pathwise' needs a likelihood with a gradient.*"
+        r"use gradient='score'",
+    ),
+    ({"learn_hyperparameters": "no"}, r"learn_hyperparameters"),
+    ({"warm_start": "no"}, r"warm_start"),
+]
+
+
+@pytest.mark.parametrize(
+    ("params", "message"), BAD_PARAMS,
+    ids=[re.sub(r"\W+", "-", repr(p)).strip("-") for p, _ in BAD_PARAMS],
+)
+def test_bad_parameters_refused_at_fit(data, params, message):
+    X, y, _, _ = data
+    with pytest.raises(ValueError, match=message):
+        GPStructClassifier(**{**FAST, **params}).fit(X, y)
+
+
+def test_score_refuses_sample_weight_and_label_mismatch(data, fitted):
+    _, _, X_test, y_test = data
+    with pytest.raises(ValueError, match="sample_weight is not supported"):
+        fitted.score(X_test, y_test, sample_weight=np.ones(len(X_test)))
+    with pytest.raises(ValueError, match="different numbers of sequences"):
+        fitted.score(X_test, y_test[:-1])
+
+
+# --------------------------------------------------------------------------- #
+# determinism and parallelism
+
+
+def test_same_random_state_gives_identical_models(data):
+    X, y, X_test, _ = data
+    a = GPStructClassifier(**FAST).fit(X, y)
+    b = GPStructClassifier(**FAST).fit(X, y)
+    assert_same_fit(a, b)
+    for p, q in zip(a.predict(X_test), b.predict(X_test), strict=True):
+        np.testing.assert_array_equal(p, q)
+    for p, q in zip(a.predict_marginals(X_test), b.predict_marginals(X_test),
+                    strict=True):
+        np.testing.assert_array_equal(p, q)
+    # Refitting the same object gives the same model again (fit is idempotent).
+    history = list(a.elbo_history_)
+    a.fit(X, y)
+    assert a.elbo_history_ == history
+    np.testing.assert_array_equal(a.q_mu_, b.q_mu_)
+    # The seed is used: another one gives another model.
+    c = GPStructClassifier(**{**FAST, "random_state": 1}).fit(X, y)
+    assert not np.array_equal(a.elbo_history_[:3], c.elbo_history_[:3])
+
+
+def test_n_jobs_and_backend_do_not_change_the_fit(data, monkeypatch):
+    X, y, _, _ = data
+    # Small chunks so that the workers really share the sequences.
+    monkeypatch.setattr(estimator_module, "CHUNK_TOKENS", 25)
+    assert len(chunk_slices([len(x) for x in X], 25)) >= 4
+    serial = GPStructClassifier(n_jobs=1, **FAST).fit(X, y)
+    loky = GPStructClassifier(n_jobs=2, **FAST).fit(X, y)
+    assert_same_fit(serial, loky)
+    with joblib.parallel_config(backend="threading", n_jobs=2):
+        threads = GPStructClassifier(**FAST).fit(X, y)
+    assert_same_fit(serial, threads)
+
+
+# --------------------------------------------------------------------------- #
+# warm start, verbosity, convergence
+
+
+def test_warm_start_continues_from_the_previous_solution(data):
+    X, y, _, _ = data
+    model = GPStructClassifier(**{**FAST, "max_iter": 5}, warm_start=True)
+    with pytest.warns(ConvergenceWarning):
+        model.fit(X, y)
+    first, Z = list(model.elbo_history_), model.inducing_points_.copy()
+    assert len(first) == 5
+    model.set_params(max_iter=100)
+    model.fit(X, y)
+    assert model.elbo_history_[: len(first)] == first
+    second = model.elbo_history_[len(first):]
+    assert len(second) == model.n_iter_ >= 1
+    # A cold start is far below; a warm one starts near the last ELBO (the
+    # Monte Carlo draws differ between fits, hence the small slack).
+    assert second[0] >= first[-1] - 0.02 * abs(first[-1])
+    assert second[0] > first[0]
+    np.testing.assert_array_equal(model.inducing_points_, Z)
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        lambda X, y: (X, [np.where(s == 2, 3, s) for s in y], {}),
+        lambda X, y: ([x[:, :-1] for x in X], y, {}),
+        lambda X, y: (X, y, {"covariance": "full"}),
+        lambda X, y: (X, y, {"n_components": 2}),
+    ],
+    ids=["classes", "n_features", "covariance", "n_components"],
+)
+def test_warm_start_refuses_a_different_problem(data, change):
+    X, y, _, _ = data
+    model = GPStructClassifier(warm_start=True, **FAST).fit(X, y)
+    X2, y2, params = change(X, y)
+    model.set_params(**params)
+    with pytest.raises(ValueError, match="warm_start=True needs the same classes"):
+        model.fit(X2, y2)
+
+
+def test_verbose_prints_iteration_elbo_and_seconds(data, capsys):
+    X, y, _, _ = data
+    model = GPStructClassifier(verbose=1, **FAST).fit(X, y)
+    lines = capsys.readouterr().out.strip().splitlines()
+    pattern = re.compile(
+        r"iteration\s+(\d+)\s+ELBO\s+(-?\d+\.\d+)\s+(\d+\.\d+) s$"
+    )
+    matches = [pattern.search(line) for line in lines]
+    assert all(matches), lines
+    assert [int(m.group(1)) for m in matches] == list(range(1, model.n_iter_ + 1))
+    np.testing.assert_allclose(
+        [float(m.group(2)) for m in matches], model.elbo_history_, atol=1e-4
+    )
+    seconds = [float(m.group(3)) for m in matches]
+    assert seconds == sorted(seconds) and seconds[0] >= 0
+    GPStructClassifier(verbose=0, **FAST).fit(X, y)
+    assert capsys.readouterr().out == ""
+
+
+def test_convergence_warning_when_max_iter_is_tiny(data):
+    X, y, _, _ = data
+    with pytest.warns(ConvergenceWarning, match="did not converge in 1 iter"):
+        model = GPStructClassifier(**{**FAST, "max_iter": 1}).fit(X, y)
+    assert model.n_iter_ == 1 and len(model.elbo_history_) == 1
