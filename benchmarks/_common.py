@@ -283,22 +283,31 @@ def template_features(template, tokens_train, tokens_test):
 # ---------------------------------------------------------------------- #
 # reporting
 def mean_std(values):
-    """(mean, std) with the sample standard deviation (ddof=1); std is NaN
-    for a single value."""
+    """Mean and sample standard deviation (ddof=1) of the finite values.
+
+    Returns (mean, std, n_missing): std is NaN for fewer than two finite
+    values, n_missing counts the NaN values left out (failed folds).
+    """
     values = np.asarray(values, dtype=float)
-    if values.size == 0:
-        return float("nan"), float("nan")
-    std = float(np.std(values, ddof=1)) if values.size > 1 else float("nan")
-    return float(np.mean(values)), std
+    finite = values[np.isfinite(values)]
+    n_missing = int(values.size - finite.size)
+    if finite.size == 0:
+        return float("nan"), float("nan"), n_missing
+    std = float(np.std(finite, ddof=1)) if finite.size > 1 else float("nan")
+    return float(np.mean(finite)), std, n_missing
 
 
 def format_mean_std(values, digits=2, unit=""):
-    mean, std = mean_std(values)
+    """``"mean (std)"``; ``"mean"`` for one value; failed values noted."""
+    mean, std, n_missing = mean_std(values)
     if np.isnan(mean):
-        return "-"
-    if np.isnan(std):
-        return f"{mean:.{digits}f}{unit}"
-    return f"{mean:.{digits}f}{unit} ({std:.{digits}f})"
+        return "failed"
+    text = f"{mean:.{digits}f}{unit}"
+    if not np.isnan(std):
+        text += f" ({std:.{digits}f})"
+    if n_missing:
+        text += f" [{n_missing} failed]"
+    return text
 
 
 def markdown_table(header, rows):

@@ -30,6 +30,7 @@ The full table::
 import argparse
 import json
 import sys
+import traceback
 import warnings
 
 import numpy as np
@@ -91,6 +92,7 @@ QUOTED_PROBE_BASENP = "4.47 (0.44) at about 10 s per fold"
 GP_OPTIONS = (
     "kernel",
     "n_inducing",
+    "inducing",
     "covariance",
     "n_samples",
     "max_iter",
@@ -130,12 +132,15 @@ def build_parser():
         help="print the GP's ELBO progress lines",
     )
     gp = parser.add_argument_group("GPStructClassifier options")
-    gp.add_argument("--kernel", choices=["linear", "rbf"])
+    # Accepted values are the estimator's to check (its message lists them).
+    gp.add_argument("--kernel", metavar="NAME", help="e.g. linear, rbf")
     gp.add_argument("--n-inducing", type=int, metavar="M")
-    gp.add_argument("--covariance", choices=["full", "diag"])
+    gp.add_argument("--inducing", metavar="HOW",
+                    help="how inducing variables are chosen")
+    gp.add_argument("--covariance", metavar="KIND", help="full or diag")
     gp.add_argument("--n-samples", type=int, metavar="S")
     gp.add_argument("--max-iter", type=int, metavar="N")
-    gp.add_argument("--gradient", choices=["pathwise", "score"])
+    gp.add_argument("--gradient", metavar="KIND", help="pathwise or score")
     gp.add_argument("--n-jobs", type=int, metavar="N")
     gp.add_argument("--random-state", type=int, metavar="SEED")
     return parser
@@ -153,19 +158,31 @@ def gp_params(args):
 
 
 def run_gp(params, verbose, X_train, y_train, X_test, y_test):
+    """Fit and score the GP on one fold.
+
+    A fit that raises is reported (traceback on stderr) and recorded with
+    ``error`` NaN and its ``failure`` message, so that one bad fold does not
+    end a long run.
+    """
     gp = GPStructClassifier(**params, verbose=int(verbose))
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always", ConvergenceWarning)
-        with Stopwatch() as fit:
-            gp.fit(X_train, y_train)
-    converged = not any(
-        issubclass(w.category, ConvergenceWarning) for w in caught
-    )
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always", ConvergenceWarning)
+            with Stopwatch() as fit:
+                gp.fit(X_train, y_train)
+        with Stopwatch() as predict:
+            y_pred = gp.predict(X_test)
+    except Exception as exc:  # noqa: BLE001 - recorded and reported
+        traceback.print_exc()
+        return {
+            "error": float("nan"),
+            "fit_time": float("nan"),
+            "failure": f"{type(exc).__name__}: {exc}",
+        }
+    converged = not any(issubclass(w.category, ConvergenceWarning) for w in caught)
     for w in caught:
         if not issubclass(w.category, ConvergenceWarning):
             warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
-    with Stopwatch() as predict:
-        y_pred = gp.predict(X_test)
     return {
         "error": token_error(y_test, y_pred),
         "fit_time": fit.seconds,
@@ -200,12 +217,15 @@ def run_fold(dataset, pool, folds, k, params, args, with_crf):
     )
     result["gp"] = run_gp(params, args.verbose, X_train, y_train, X_test, y_test)
     gp = result["gp"]
-    note = "" if gp["converged"] else ", not converged"
-    print(
-        f"  GP   error {gp['error']:6.2f} %   fit {gp['fit_time']:8.2f} s "
-        f"({gp['n_iter']} iterations{note})",
-        flush=True,
-    )
+    if "failure" in gp:
+        print(f"  GP   FAILED: {gp['failure']}", flush=True)
+    else:
+        note = "" if gp["converged"] else ", not converged"
+        print(
+            f"  GP   error {gp['error']:6.2f} %   fit {gp['fit_time']:8.2f} s "
+            f"({gp['n_iter']} iterations{note})",
+            flush=True,
+        )
     if with_crf:
         with Stopwatch() as convert:
             C_train, C_test = to_crfsuite(X_train, names), to_crfsuite(X_test, names)
@@ -214,11 +234,12 @@ def run_fold(dataset, pool, folds, k, params, args, with_crf):
         crf["total_time"] = crf["select_time"] + crf["refit_time"]
         result["crf"] = crf
         result["gp_over_crf_time"] = gp["fit_time"] / crf["total_time"]
+        ratio = result["gp_over_crf_time"]
         print(
             f"  CRF  error {crf['error']:6.2f} %   selection "
             f"{crf['select_time']:6.2f} s + refit {crf['refit_time']:6.2f} s "
             f"(c2={crf['c2']:g})   GP / CRF time "
-            f"{result['gp_over_crf_time']:.1f}x",
+            + (f"{ratio:.1f}x" if np.isfinite(ratio) else "-"),
             flush=True,
         )
     lr = run_logreg(X_train, y_train, X_test, y_test)
@@ -265,9 +286,8 @@ def summary_rows(results, with_crf):
     for name, folds in results.items():
         for r in folds:
             rows.append([name, str(r["fold"]), *_cells([r], with_crf)])
-        rows.append(
-            [f"**{name}**", f"mean ({len(folds)} folds)", *_cells(folds, with_crf)]
-        )
+        label = f"mean ({len(folds)} fold{'s' if len(folds) > 1 else ''})"
+        rows.append([f"**{name}**", label, *_cells(folds, with_crf)])
     return rows
 
 

@@ -1,10 +1,12 @@
 """GPStructClassifier: the scikit-learn face of the structured GP."""
 
+import hashlib
 import numbers
 import sys
 import warnings
 
 import numpy as np
+import scipy.sparse as sp
 from joblib import Parallel
 from sklearn.base import BaseEstimator
 from sklearn.exceptions import ConvergenceWarning
@@ -23,6 +25,7 @@ from .inference.elbo import SparseELBO
 from .inference.inducing import (
     InducingFeatures,
     InducingPoints,
+    Projection,
     select_inducing_points,
 )
 from .inference.posterior import ParameterLayout, VariationalParameters
@@ -46,6 +49,20 @@ _OPTIONS = {
     "decode": ("viterbi", "marginal"),
     "inducing": ("auto", "features", "kmeans++", "random"),
 }
+
+
+def _sequence_fingerprint(X_n):
+    """A 64-bit integer determined by a sequence's feature values."""
+    digest = hashlib.blake2b(digest_size=8)
+    if sp.issparse(X_n):
+        X_n = X_n.tocsr()
+        X_n.sort_indices()
+        for part in (X_n.indptr, X_n.indices, X_n.data):
+            digest.update(np.ascontiguousarray(part).tobytes())
+    else:
+        digest.update(np.ascontiguousarray(X_n, dtype=np.float64).tobytes())
+    digest.update(str(X_n.shape).encode())
+    return int.from_bytes(digest.digest(), "little")
 
 
 class GPStructClassifier(BaseEstimator):
@@ -229,6 +246,14 @@ class GPStructClassifier(BaseEstimator):
                 or value < low
             ):
                 raise ValueError(f"{name} must be an integer >= {low}, got {value!r}")
+        for name in ("learn_hyperparameters", "warm_start"):
+            value = getattr(self, name)
+            if not isinstance(value, bool | np.bool_):
+                raise ValueError(f"{name} must be True or False, got {value!r}")
+        if not isinstance(self.verbose, numbers.Integral) or self.verbose < 0:
+            raise ValueError(
+                f"verbose must be a non-negative integer, got {self.verbose!r}"
+            )
         for name in ("tol", "pairwise_prior_variance"):
             value = getattr(self, name)
             if not isinstance(value, numbers.Real) or not value > 0:
@@ -273,8 +298,15 @@ class GPStructClassifier(BaseEstimator):
         labels = check_sequence_labels(y, lengths)
         if sum(lengths) == 0:
             raise ValueError("X has no tokens: every sequence has length 0")
-        all_labels = np.concatenate(labels)
-        classes, label_index = np.unique(all_labels, return_inverse=True)
+        # Empty label arrays would promote integer labels to float.
+        all_labels = np.concatenate([lab for lab in labels if lab.size])
+        try:
+            classes, label_index = np.unique(all_labels, return_inverse=True)
+        except TypeError:
+            raise ValueError(
+                "y mixes label types that cannot be ordered (for example "
+                "strings and integers); give all labels as one type"
+            ) from None
         X_all, offsets = stack_sequences(sequences)
         n_features = X_all.shape[1]
         rng = self._rng()
@@ -331,6 +363,8 @@ class GPStructClassifier(BaseEstimator):
             )
             for sl, s in zip(slices, chunk_seeds, strict=True)
         ]
+        for chunk in chunks:
+            chunk.layout = inducing.chunk_layout(chunk.X, chunk.offsets)
         objective = SparseELBO(
             chunks, inducing, kernel, likelihood, layout,
             n_samples=self.n_samples,
@@ -423,10 +457,12 @@ class GPStructClassifier(BaseEstimator):
         K, V, M = self.n_components, n_classes, n_inducing
         # Components start apart so that they do not stay identical.
         q_mu = 0.1 * rng.standard_normal((K, V, M)) if K > 1 else np.zeros((K, V, M))
+        # Start at the whitened prior (KL = 0): with many inducing variables
+        # any narrower start costs a huge KL and the first steps overshoot.
         if self.covariance == "full":
-            q_sqrt = np.broadcast_to(0.1 * np.eye(M), (K, V, M, M)).copy()
+            q_sqrt = np.broadcast_to(np.eye(M), (K, V, M, M)).copy()
         else:
-            q_sqrt = np.full((K, V, M), 0.1)
+            q_sqrt = np.ones((K, V, M))
         return VariationalParameters(
             q_mu=q_mu,
             q_sqrt=q_sqrt,
@@ -481,26 +517,36 @@ class GPStructClassifier(BaseEstimator):
         params = self._params()
         K, V, _ = params.q_mu.shape
         S = self.n_predict_samples
+        # The same pairwise draws for every call, and per-sequence unary
+        # draws seeded by the sequence's own features: the marginals of a
+        # sequence do not depend on the rest of the batch or its order.
+        pairwise = params.pairwise_mean[None] + params.pairwise_std[
+            None
+        ] * np.random.default_rng(self._predict_seed).standard_normal((S, V, V))
         out = [None] * len(sequences)
-        seed = np.random.SeedSequence(self._predict_seed)
-        slices = list(self._chunks(sequences))
-        chunk_seeds = seed.spawn(max(len(slices), 1))
-        for (sl, X_c, offsets), cseed in zip(slices, chunk_seeds, strict=False):
+        for sl, X_c, offsets in self._chunks(sequences):
             if X_c is None:
                 for i in range(sl.start, sl.stop):
                     out[i] = np.zeros((0, V))
                 continue
-            rng = np.random.default_rng(cseed)
             projection = self._project(X_c, offsets)
-            T = X_c.shape[0]
-            unary, _ = sample_unary(
-                params, projection, np.sqrt(projection.residual), S, rng
-            )
-            pairwise = (
-                params.pairwise_mean[None]
-                + params.pairwise_std[None] * rng.standard_normal((S, V, V))
-            )
-            marg = np.zeros((T, V))
+            residual_sd = np.sqrt(projection.residual)
+            unary = np.empty((K, S, X_c.shape[0], V))
+            for n, i in enumerate(range(sl.start, sl.stop)):
+                t0, t1 = offsets[n], offsets[n + 1]
+                if t1 == t0:
+                    continue
+                one = Projection(
+                    projection.rows[n : n + 1], projection.B[n : n + 1],
+                    projection.residual[t0:t1],
+                )
+                rng = np.random.default_rng(
+                    [self._predict_seed, _sequence_fingerprint(sequences[i])]
+                )
+                unary[:, :, t0:t1], _, _ = sample_unary(
+                    params, one, residual_sd[t0:t1], S, rng
+                )
+            marg = np.zeros((X_c.shape[0], V))
             for k in range(K):
                 _, m_k, _ = chain.forward_backward(unary[k], pairwise, offsets)
                 marg += params.weights[k] * m_k.mean(axis=0)

@@ -132,6 +132,10 @@ class InducingPoints:
     def n_inducing(self):
         return self.Z.shape[0]
 
+    def chunk_layout(self, X, offsets):
+        """Nothing to precompute for inducing points."""
+        return None
+
     def prepare(self, kernel):
         """Per-evaluation state shared by all chunks: the factor L_zz."""
         L_zz, _ = jitter_cholesky(
@@ -139,7 +143,8 @@ class InducingPoints:
         )
         return L_zz
 
-    def project(self, kernel, L_zz, X, offsets):
+    def project(self, kernel, L_zz, X, offsets, layout=None):
+        """Projection of the tokens X (sequences delimited by offsets)."""
         K_zx = kernel(self.Z, X)
         B = linalg.solve_triangular(L_zz, K_zx, lower=True, check_finite=False)
         residual = np.maximum(kernel.diag(X) - np.einsum("mt,mt->t", B, B), 0.0)
@@ -191,6 +196,25 @@ class InducingFeatures:
     def n_inducing(self):
         return self.n_features + 1
 
+    def chunk_layout(self, X, offsets):
+        """Per sequence: its active features and X with local column indices.
+
+        Computed once per fit, so that :meth:`project` only rescales.
+        """
+        rows, local = [], []
+        bias_row = np.array([self.n_features], dtype=np.int64)
+        for n in range(len(offsets) - 1):
+            X_n = X[offsets[n] : offsets[n + 1]]
+            if sp.issparse(X_n):
+                active = np.unique(X_n.indices).astype(np.int64)
+                block = X_n[:, active].toarray().T
+            else:
+                active = np.flatnonzero(np.any(X_n != 0, axis=0)).astype(np.int64)
+                block = X_n[:, active].T
+            rows.append(np.concatenate([active, bias_row]))
+            local.append(sp.csr_matrix(block))
+        return rows, local
+
     def prepare(self, kernel):
         if not isinstance(kernel, LinearKernel):
             raise ValueError(
@@ -199,24 +223,17 @@ class InducingFeatures:
             )
         return None
 
-    def project(self, kernel, state, X, offsets):
+    def project(self, kernel, state, X, offsets, layout=None):
+        """Projection of the tokens X (sequences delimited by offsets)."""
+        rows, local = layout if layout is not None else self.chunk_layout(X, offsets)
         scale = np.sqrt(kernel.variance)
-        bias_scale = np.sqrt(kernel.bias)
-        n_seq = len(offsets) - 1
-        rows, pieces = [], []
-        bias_row = np.array([self.n_features], dtype=np.int64)
-        for n in range(n_seq):
-            X_n = X[offsets[n] : offsets[n + 1]]
-            if sp.issparse(X_n):
-                active = np.unique(X_n.indices).astype(np.int64)
-                block = X_n[:, active].toarray().T
-            else:
-                active = np.flatnonzero(np.any(X_n != 0, axis=0)).astype(np.int64)
-                block = X_n[:, active].T
-            B_n = np.empty((active.size + 1, X_n.shape[0]))
-            B_n[:-1] = scale * block
-            B_n[-1] = scale * bias_scale
-            rows.append(np.concatenate([active, bias_row]))
+        bias_value = scale * np.sqrt(kernel.bias)
+        pieces = []
+        for block in local:
+            B_n = np.empty((block.shape[0] + 1, block.shape[1]))
+            B_n[:-1] = block.toarray()
+            B_n[:-1] *= scale
+            B_n[-1] = bias_value
             pieces.append(B_n)
         return Projection(rows, pieces, np.zeros(X.shape[0]))
 

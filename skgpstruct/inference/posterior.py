@@ -98,9 +98,10 @@ class ParameterLayout:
         self.full_covariance = full_covariance
         self.n_theta = n_theta
         K, V, M = self.K, self.V, self.M
-        self._tril = np.tril_indices(M)
-        self._diag_in_tril = np.flatnonzero(self._tril[0] == self._tril[1])
-        n_sqrt = K * V * (len(self._tril[0]) if full_covariance else M)
+        if full_covariance:
+            self._tril = np.tril_indices(M)
+            self._diag_in_tril = np.flatnonzero(self._tril[0] == self._tril[1])
+        n_sqrt = K * V * (M * (M + 1) // 2 if full_covariance else M)
         sizes = {
             "q_mu": K * V * M,
             "q_sqrt": n_sqrt,

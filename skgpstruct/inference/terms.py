@@ -52,12 +52,16 @@ class Chunk:
     labels : ndarray of int64 of shape (n_tokens,)
     seed : numpy.random.SeedSequence
         Seed of the chunk's Monte Carlo base samples.
+    layout : object
+        What the inducing variables precompute once per fit for this chunk
+        (``inducing.chunk_layout(X, offsets)``); None if nothing.
     """
 
     X: object
     offsets: np.ndarray
     labels: np.ndarray
     seed: np.random.SeedSequence
+    layout: object = None
 
     @property
     def n_sequences(self):
@@ -98,7 +102,7 @@ def chunk_terms(chunk, shared):
         ``theta`` (n_theta,) or None.
     """
     projection = shared.inducing.project(
-        shared.kernel, shared.inducing_state, chunk.X, chunk.offsets
+        shared.kernel, shared.inducing_state, chunk.X, chunk.offsets, chunk.layout
     )
     residual_sd = np.sqrt(projection.residual + shared.residual_floor)
     rng = np.random.default_rng(
@@ -133,15 +137,27 @@ def _rows(array, rows):
 
 
 def _draw_inducing(params, rows, S, rng):
-    """Inducing draws v[rows] of one sequence: (K, V, n_rows, S), and eps."""
+    """Inducing draws v[rows] of every sequence: list of (v, eps).
+
+    ``v`` has shape (K, V, n_rows, S); ``eps`` the standard normal noise
+    (K, V, M, S) with full covariances, (K, V, n_rows, S) with diagonal ones.
+    All the noise of a chunk is drawn in one call.
+    """
     K, V, M = params.q_mu.shape
-    mean = _rows(params.q_mu, rows)[..., None]
-    if params.full_covariance:
-        eps = rng.standard_normal((K, V, M, S))
-        return mean + _rows(params.q_sqrt, rows) @ eps, eps
-    n_rows = M if rows is None else rows.size
-    eps = rng.standard_normal((K, V, n_rows, S))
-    return mean + _rows(params.q_sqrt, rows)[..., None] * eps, eps
+    full = params.full_covariance
+    sizes = [M if (full or r is None) else r.size for r in rows]
+    noise = rng.standard_normal(K * V * S * sum(sizes))
+    draws, start = [], 0
+    for r, size in zip(rows, sizes, strict=True):
+        eps = noise[start : start + K * V * size * S].reshape(K, V, size, S)
+        start += K * V * size * S
+        mean = _rows(params.q_mu, r)[..., None]
+        if full:
+            v = mean + _rows(params.q_sqrt, r) @ eps
+        else:
+            v = mean + _rows(params.q_sqrt, r)[..., None] * eps
+        draws.append((v, eps))
+    return draws
 
 
 def sample_unary(params, projection, residual_sd, S, rng):
@@ -160,24 +176,25 @@ def sample_unary(params, projection, residual_sd, S, rng):
     -------
     unary : ndarray of shape (K, S, n_tokens, V)
     draws : list of (v, eps) per sequence, for the backward pass.
+    xi : ndarray of shape (K, S, n_tokens, V)
+        The standard normal noise multiplied by ``residual_sd``.
     """
     K, V, _ = params.q_mu.shape
     T = residual_sd.shape[0]
     unary = np.empty((K, S, T, V))
-    draws = []
+    draws = _draw_inducing(params, projection.rows, S, rng)
     t0 = 0
-    for rows, B_n in zip(projection.rows, projection.B, strict=True):
+    for B_n, (v, _) in zip(projection.B, draws, strict=True):
         t1 = t0 + B_n.shape[1]
-        v, eps = _draw_inducing(params, rows, S, rng)
-        draws.append((v, eps))
         if t1 > t0:
             n_rows = B_n.shape[0]
             v_mat = v.transpose(2, 0, 3, 1).reshape(n_rows, K * S * V)
             f_n = (B_n.T @ v_mat).reshape(t1 - t0, K, S, V)
             unary[:, :, t0:t1, :] = f_n.transpose(1, 2, 0, 3)
         t0 = t1
-    unary += residual_sd[None, None, :, None] * rng.standard_normal((K, S, T, V))
-    return unary, draws
+    xi = rng.standard_normal((K, S, T, V))
+    unary += residual_sd[None, None, :, None] * xi
+    return unary, draws, xi
 
 
 def _tile_pairwise(params, noise, K):
@@ -197,9 +214,7 @@ def _pathwise(chunk, shared, projection, residual_sd, rng):
     offsets, n_seq, T = chunk.offsets, chunk.n_sequences, chunk.n_tokens
     full = params.full_covariance
 
-    unary, draws = sample_unary(params, projection, residual_sd, S, rng)
-    # sample_unary drew the residual noise last; redraw it identically.
-    xi = _replay_residual_noise(chunk, shared, projection, S)
+    unary, draws, xi = sample_unary(params, projection, residual_sd, S, rng)
     pairwise = _tile_pairwise(params, shared.pairwise_noise, K)
     log_p, g_unary, g_pair = shared.likelihood.log_prob_and_gradient(
         unary.reshape(K * S, T, V), pairwise, offsets, chunk.labels
@@ -249,21 +264,6 @@ def _pathwise(chunk, shared, projection, residual_sd, rng):
         "pairwise_std": np.einsum("sij,sij->ij", g_pair_s, shared.pairwise_noise),
     }
     return out, d_B, d_residual_sd
-
-
-def _replay_residual_noise(chunk, shared, projection, S):
-    """The residual noise xi that :func:`sample_unary` drew for this chunk."""
-    rng = np.random.default_rng(
-        np.random.SeedSequence(
-            entropy=chunk.seed.entropy,
-            spawn_key=(*chunk.seed.spawn_key, shared.iteration_key),
-        )
-    )
-    params = shared.params
-    for rows in projection.rows:
-        _draw_inducing(params, rows, S, rng)
-    K, V, _ = params.q_mu.shape
-    return rng.standard_normal((K, S, chunk.n_tokens, V))
 
 
 def _sequence_marginal(params, rows, B_n, residual_sd_n):
