@@ -32,13 +32,16 @@ from .inference.posterior import ParameterLayout, VariationalParameters
 from .inference.terms import Chunk, sample_unary
 from .kernels import LinearKernel, check_kernel
 from .likelihoods import get_likelihood
-from .optim.lbfgs import Timer, minimize_lbfgs
+from .optim.lbfgs import Timer, minimize_lbfgs, minimize_lbfgs_rounds
 
 __all__ = ["GPStructClassifier"]
 
 # A chunk closes once it holds this many tokens. Fixed (never derived from
 # n_jobs) so that results are bit-identical for every n_jobs and backend.
 CHUNK_TOKENS = 2000
+# L-BFGS iterations per round of the score estimator (samples are redrawn
+# from the current posterior between rounds).
+SCORE_ROUND_SIZE = 10
 # Largest number of inducing features for which full covariances are allowed.
 _MAX_FULL_FEATURES = 2000
 
@@ -98,8 +101,9 @@ class GPStructClassifier(BaseEstimator):
         variates (needs only ``log p(y | f)``).
     optimizer : {"lbfgs"}, default="lbfgs"
         L-BFGS-B on the fixed-sample objective (batch mode).
-    n_samples : int, default=4
-        Monte Carlo samples per sequence (and component) in the ELBO.
+    n_samples : int, default=8
+        Monte Carlo samples per sequence (and component) in the ELBO. The
+        score estimator needs more than the pathwise one (16 or more).
     max_iter : int, default=300
         Maximum number of L-BFGS iterations.
     tol : float, default=1e-6
@@ -108,9 +112,12 @@ class GPStructClassifier(BaseEstimator):
         ``predict`` runs Viterbi on the posterior mean potentials, or takes
         the per-token argmax of :meth:`predict_marginals`.
     learn_hyperparameters : bool, default=True
-        Optimise the kernel hyperparameters with the ELBO; False freezes them.
+        Optimise the kernel hyperparameters and the pairwise prior variance
+        with the ELBO; False freezes them.
     pairwise_prior_variance : float, default=1.0
-        Prior variance of every pairwise potential.
+        Prior variance of every pairwise potential; its starting value when
+        ``learn_hyperparameters`` is True (it is then learned from the ELBO,
+        like the kernel hyperparameters).
     inducing : {"auto", "features", "kmeans++", "random"}, default="auto"
         The inducing variables. ``"features"`` (linear kernel only) takes
         the weight of every feature as an inducing variable: exact, and
@@ -156,6 +163,8 @@ class GPStructClassifier(BaseEstimator):
     pairwise_mean_ : ndarray of shape (n_classes, n_classes)
         Posterior mean of the transition potentials (from row to column).
     pairwise_std_ : ndarray of shape (n_classes, n_classes)
+    pairwise_prior_variance_ : float
+        The (learned) prior variance of the pairwise potentials.
     elbo_history_ : list of float
         ELBO after every iteration.
     n_iter_ : int
@@ -190,7 +199,7 @@ class GPStructClassifier(BaseEstimator):
         likelihood="crf",
         gradient="pathwise",
         optimizer="lbfgs",
-        n_samples=4,
+        n_samples=8,
         max_iter=300,
         tol=1e-6,
         decode="viterbi",
@@ -346,8 +355,13 @@ class GPStructClassifier(BaseEstimator):
         layout = ParameterLayout(
             self.n_components, n_classes, inducing.n_inducing,
             self.covariance == "full", n_theta,
+            learn_pairwise_prior=bool(self.learn_hyperparameters),
         )
-        x0 = layout.pack(params, kernel.theta if n_theta else None)
+        prior_variance = (
+            self.pairwise_prior_variance_ if warm
+            else float(self.pairwise_prior_variance)
+        )
+        x0 = layout.pack(params, kernel.theta if n_theta else None, prior_variance)
 
         seed = np.random.SeedSequence(int(rng.integers(2**63)))
         slices = chunk_slices(lengths, CHUNK_TOKENS)
@@ -369,7 +383,7 @@ class GPStructClassifier(BaseEstimator):
             chunks, inducing, kernel, likelihood, layout,
             n_samples=self.n_samples,
             estimator=self.gradient,
-            pairwise_prior_variance=float(self.pairwise_prior_variance),
+            pairwise_prior_variance=prior_variance,
             pairwise_noise=rng.standard_normal((self.n_samples, n_classes, n_classes)),
             residual_floor=1e-8 * float(np.mean(kernel.diag(X_all))),
         )
@@ -377,6 +391,9 @@ class GPStructClassifier(BaseEstimator):
         if n_theta:
             sl = layout.slices["theta"]
             bounds[sl] = [tuple(b) for b in kernel.bounds]
+        if layout.learn_pairwise_prior:
+            sl = layout.slices["pairwise_log_prior_variance"]
+            bounds[sl] = [(np.log(1e-4), np.log(1e4))]
 
         timer = Timer()
         verbose = self.verbose
@@ -392,14 +409,37 @@ class GPStructClassifier(BaseEstimator):
 
         with Parallel(n_jobs=self.n_jobs) as parallel:
 
-            def value_and_grad(x):
-                evaluation = objective.evaluate(x, parallel)
-                return evaluation.elbo, evaluation.gradient
+            if self.gradient == "pathwise":
 
-            result = minimize_lbfgs(
-                value_and_grad, x0, bounds=bounds, max_iter=self.max_iter,
-                tol=self.tol, callback=progress,
-            )
+                def value_and_grad(x):
+                    evaluation = objective.evaluate(x, parallel)
+                    return evaluation.elbo, evaluation.gradient
+
+                result = minimize_lbfgs(
+                    value_and_grad, x0, bounds=bounds, max_iter=self.max_iter,
+                    tol=self.tol, callback=progress,
+                )
+            else:
+                # Score estimator: each round fixes samples drawn from the
+                # posterior at its start and maximises the importance-weighted
+                # objective, whose exact gradient is the score estimate.
+                def make_value_and_grad(round_index, reference):
+                    reference = reference.copy()
+
+                    def value_and_grad(x):
+                        evaluation = objective.evaluate(
+                            x, parallel, iteration_key=round_index,
+                            reference=reference,
+                        )
+                        return evaluation.elbo, evaluation.gradient
+
+                    return value_and_grad
+
+                result = minimize_lbfgs_rounds(
+                    make_value_and_grad, x0, round_size=SCORE_ROUND_SIZE,
+                    bounds=bounds, max_iter=self.max_iter, tol=self.tol,
+                    callback=progress,
+                )
         if not result.converged:
             warnings.warn(
                 f"GPStructClassifier did not converge in {result.n_iter} "
@@ -419,6 +459,9 @@ class GPStructClassifier(BaseEstimator):
         self.weights_ = params.weights
         self.pairwise_mean_ = params.pairwise_mean
         self.pairwise_std_ = params.pairwise_std
+        self.pairwise_prior_variance_ = layout.pairwise_prior_variance(
+            result.x, prior_variance
+        )
         history = list(result.history)
         self.elbo_history_ = (
             self.elbo_history_ + history if warm else history

@@ -100,7 +100,9 @@ def _problem(
         for i, sl in enumerate(chunk_slices(lengths, 8))
     ]
     assert len(chunks) == 2
-    layout = ParameterLayout(K, V, n_inducing, full, kernel.n_dims)
+    layout = ParameterLayout(
+        K, V, n_inducing, full, kernel.n_dims, learn_pairwise_prior=True
+    )
     objective = SparseELBO(
         chunks,
         inducing,
@@ -113,7 +115,7 @@ def _problem(
         pairwise_noise=rng.normal(size=(S, V, V)),
         residual_floor=1e-6,
     )
-    x0 = layout.pack(_random_params(rng, K, full, M=n_inducing), kernel.theta)
+    x0 = layout.pack(_random_params(rng, K, full, M=n_inducing), kernel.theta, 1.7)
     return objective, layout, x0
 
 
@@ -147,6 +149,65 @@ def test_pathwise_gradient_matches_finite_differences(kernel_name, K, full, feat
             np.testing.assert_allclose(
                 gradient @ direction, finite_diff, rtol=1e-5, atol=1e-7, err_msg=name
             )
+
+
+@pytest.mark.parametrize(
+    "kernel_name, K, full, features",
+    [("rbf", 1, False, False), ("rbf", 2, True, False), ("linear", 1, False, True)],
+)
+def test_score_objective_gradient_matches_finite_differences(
+    kernel_name, K, full, features
+):
+    # Away from its reference posterior the score objective is importance
+    # weighted (weights != 1) and includes the control variate; its gradient
+    # must still be exact.
+    objective, layout, x0 = _problem(
+        kernel_name, K=K, full=full, features=features, estimator="score", S=5
+    )
+    rng = np.random.default_rng(3)
+    reference = x0 + 0.05 * rng.normal(size=x0.shape)
+    with Parallel(n_jobs=1) as parallel:
+
+        def evaluate(x):
+            return objective.evaluate(x, parallel, reference=reference)
+
+        gradient = evaluate(x0).gradient
+        for name, sl in layout.slices.items():
+            if sl.stop == sl.start:
+                continue
+            direction = np.zeros_like(x0)
+            direction[sl] = rng.normal(size=sl.stop - sl.start)
+            h = 1e-5
+            finite_diff = (
+                evaluate(x0 + h * direction).elbo - evaluate(x0 - h * direction).elbo
+            ) / (2 * h)
+            np.testing.assert_allclose(
+                gradient @ direction, finite_diff, rtol=1e-5, atol=1e-7, err_msg=name
+            )
+
+
+def test_self_normalised_score_objective_is_consistent():
+    # Away from its reference the self-normalised objective estimates the ELL
+    # at x (with an O(1/S) bias): with many samples it matches the pathwise
+    # estimate at x.
+    x = None
+    values = {"score": [], "pathwise": []}
+    for estimator in values:
+        objective, layout, x0 = _problem("rbf", estimator=estimator, S=400)
+        x = x0 if x is None else x
+        reference = x + 0.05 * np.random.default_rng(4).normal(size=x.shape)
+        with Parallel(n_jobs=1) as parallel:
+            for key in range(1, 9):
+                values[estimator].append(
+                    objective.evaluate(
+                        x, parallel, iteration_key=key, reference=reference
+                    ).ell
+                )
+    score, pathwise = np.array(values["score"]), np.array(values["pathwise"])
+    stderr = np.sqrt(score.var() / score.size + pathwise.var() / pathwise.size)
+    assert abs(score.mean() - pathwise.mean()) < 4 * stderr + 0.01 * abs(
+        pathwise.mean()
+    )
 
 
 def test_elbo_is_deterministic_with_fixed_samples():
@@ -274,7 +335,8 @@ def test_score_gradient_is_exact_gradient_of_importance_weighted_objective():
     theta_grad = out["theta"] + kernel0.gradient_vjp(
         objective.inducing.Z, None, cholesky_backward(L0, out["inducing_state"])
     )
-    engine = layout.pack_gradient(params0, grads, theta_grad)
+    # The ELL does not depend on the pairwise prior variance (KL only).
+    engine = layout.pack_gradient(params0, grads, theta_grad, prior_grad=0.0)
     rng = np.random.default_rng(2)
     for name, sl in layout.slices.items():
         if sl.stop == sl.start or name == "logits":
@@ -439,7 +501,7 @@ def test_kl_unary_gradient(K, full):
 def test_kl_pairwise_closed_form_and_gradient():
     rng = np.random.default_rng(7)
     mean, std = rng.normal(size=(V, V)), rng.uniform(0.2, 2, size=(V, V))
-    kl, g_mean, g_std = kl_pairwise(mean, std, 2.5)
+    kl, g_mean, g_std, g_log_prior = kl_pairwise(mean, std, 2.5)
     expected = _kl_gaussians(
         mean.ravel(), np.diag(std.ravel() ** 2), np.zeros(V * V), 2.5 * np.eye(V * V)
     )
@@ -450,8 +512,11 @@ def test_kl_pairwise_closed_form_and_gradient():
                - kl_pairwise(mean - h * d, std, 2.5)[0]) / (2 * h)
     fd_std = (kl_pairwise(mean, std + h * d, 2.5)[0]
               - kl_pairwise(mean, std - h * d, 2.5)[0]) / (2 * h)
+    fd_prior = (kl_pairwise(mean, std, 2.5 * np.exp(h))[0]
+                - kl_pairwise(mean, std, 2.5 * np.exp(-h))[0]) / (2 * h)
     np.testing.assert_allclose(np.sum(g_mean * d), fd_mean, rtol=1e-6)
     np.testing.assert_allclose(np.sum(g_std * d), fd_std, rtol=1e-6)
+    np.testing.assert_allclose(g_log_prior, fd_prior, rtol=1e-6)
 
 
 def test_parameter_layout_round_trip():

@@ -12,7 +12,7 @@ import numpy as np
 from joblib import delayed
 
 from .posterior import VariationalParameters, kl_pairwise, kl_unary
-from .terms import SharedState, chunk_terms
+from .terms import ReferencePosterior, SharedState, chunk_terms
 
 __all__ = ["SparseELBO", "ELBOEvaluation"]
 
@@ -45,6 +45,8 @@ class SparseELBO:
         Monte Carlo samples per sequence and mixture component.
     estimator : {"pathwise", "score"}
     pairwise_prior_variance : float
+        Prior variance of the pairwise potentials (its initial value when
+        the layout learns it).
     pairwise_noise : ndarray of shape (S, V, V)
         Base samples of the pairwise posterior (fixed in batch mode).
     residual_floor : float
@@ -77,11 +79,27 @@ class SparseELBO:
         self.pairwise_noise = pairwise_noise
         self.residual_floor = residual_floor
 
+    def _reference(self, vector):
+        if vector is None or self.estimator != "score":
+            return None
+        params, theta = self.layout.unpack(vector)
+        kernel = self.kernel_at(theta)
+        return ReferencePosterior(params, kernel, self.inducing.prepare(kernel))
+
     def kernel_at(self, theta):
         """The kernel with hyperparameters ``theta`` (or the initial one)."""
         return self.kernel if theta is None else self.kernel.clone_with_theta(theta)
 
-    def evaluate(self, vector, parallel, *, chunks=None, scale=1.0, iteration_key=0):
+    def evaluate(
+        self,
+        vector,
+        parallel,
+        *,
+        chunks=None,
+        scale=1.0,
+        iteration_key=0,
+        reference=None,
+    ):
         """ELBO and its gradient with respect to the packed vector.
 
         Parameters
@@ -97,6 +115,10 @@ class SparseELBO:
         iteration_key : int, default=0
             Selects the Monte Carlo base samples; 0 reuses the same samples
             at every call (batch mode).
+        reference : ndarray of shape (layout.size,) or None, default=None
+            Score estimator only: the packed posterior the samples are drawn
+            from (importance-weighted objective); None draws them from the
+            posterior at ``vector``.
 
         Returns
         -------
@@ -118,6 +140,7 @@ class SparseELBO:
             need_kernel_gradient=theta is not None,
             residual_floor=self.residual_floor,
             iteration_key=iteration_key,
+            reference=self._reference(reference),
         )
         chunks = self.chunks if chunks is None else chunks
         results = parallel(delayed(chunk_terms)(chunk, shared) for chunk in chunks)
@@ -157,13 +180,16 @@ class SparseELBO:
                 d_theta += self.inducing.finish_gradient(kernel, state, d_state * scale)
 
         kl_u, kl_u_grads = kl_unary(params)
-        kl_bin, kl_bin_mean, kl_bin_std = kl_pairwise(
-            params.pairwise_mean, params.pairwise_std, self.pairwise_prior_variance
+        prior_variance = layout.pairwise_prior_variance(
+            vector, self.pairwise_prior_variance
+        )
+        kl_bin, kl_bin_mean, kl_bin_std, kl_bin_prior = kl_pairwise(
+            params.pairwise_mean, params.pairwise_std, prior_variance
         )
         grads.q_mu -= kl_u_grads.q_mu
         grads.q_sqrt -= kl_u_grads.q_sqrt
         grads.weights -= kl_u_grads.weights
         grads.pairwise_mean -= kl_bin_mean
         grads.pairwise_std -= kl_bin_std
-        gradient = layout.pack_gradient(params, grads, d_theta)
+        gradient = layout.pack_gradient(params, grads, d_theta, -kl_bin_prior)
         return ELBOEvaluation(ell - kl_u - kl_bin, gradient, ell, kl_u, kl_bin)

@@ -91,12 +91,24 @@ class ParameterLayout:
     full_covariance : bool
     n_theta : int
         Number of kernel hyperparameters optimised (0 when frozen).
+    learn_pairwise_prior : bool, default=False
+        Whether the log prior variance of the pairwise potentials is a
+        free coordinate (the last one).
     """
 
-    def __init__(self, n_components, n_classes, n_inducing, full_covariance, n_theta):
+    def __init__(
+        self,
+        n_components,
+        n_classes,
+        n_inducing,
+        full_covariance,
+        n_theta,
+        learn_pairwise_prior=False,
+    ):
         self.K, self.V, self.M = n_components, n_classes, n_inducing
         self.full_covariance = full_covariance
         self.n_theta = n_theta
+        self.learn_pairwise_prior = learn_pairwise_prior
         K, V, M = self.K, self.V, self.M
         if full_covariance:
             self._tril = np.tril_indices(M)
@@ -109,6 +121,7 @@ class ParameterLayout:
             "pairwise_mean": V * V,
             "pairwise_log_std": V * V,
             "theta": n_theta,
+            "pairwise_log_prior_variance": 1 if learn_pairwise_prior else 0,
         }
         self.slices = {}
         start = 0
@@ -117,8 +130,8 @@ class ParameterLayout:
             start += size
         self.size = start
 
-    def pack(self, params, theta=None):
-        """Flatten parameters (and ``theta``) into one unconstrained vector."""
+    def pack(self, params, theta=None, pairwise_prior_variance=None):
+        """Flatten parameters, ``theta`` and the pairwise prior into a vector."""
         K, V = self.K, self.V
         out = np.empty(self.size)
         out[self.slices["q_mu"]] = params.q_mu.ravel()
@@ -139,7 +152,17 @@ class ParameterLayout:
         )
         if self.n_theta:
             out[self.slices["theta"]] = theta
+        if self.learn_pairwise_prior:
+            out[self.slices["pairwise_log_prior_variance"]] = np.log(
+                pairwise_prior_variance
+            )
         return out
+
+    def pairwise_prior_variance(self, vector, default):
+        """The pairwise prior variance coded in ``vector``, or ``default``."""
+        if not self.learn_pairwise_prior:
+            return default
+        return float(np.exp(vector[self.slices["pairwise_log_prior_variance"]][0]))
 
     def unpack(self, vector):
         """Inverse of :meth:`pack`: returns ``(params, theta or None)``."""
@@ -167,7 +190,7 @@ class ParameterLayout:
         theta = vector[self.slices["theta"]].copy() if self.n_theta else None
         return params, theta
 
-    def pack_gradient(self, params, grads, theta_grad=None):
+    def pack_gradient(self, params, grads, theta_grad=None, prior_grad=None):
         """Chain gradients w.r.t. the natural arrays to the packed vector.
 
         Parameters
@@ -178,6 +201,8 @@ class ParameterLayout:
             Gradients with respect to each natural array (``weights`` as a
             gradient with respect to the weights themselves).
         theta_grad : ndarray of shape (n_theta,) or None
+        prior_grad : float or None
+            Gradient with respect to the log pairwise prior variance.
         """
         K, V = self.K, self.V
         out = np.zeros(self.size)
@@ -200,6 +225,8 @@ class ParameterLayout:
         ).reshape(V * V)
         if self.n_theta:
             out[self.slices["theta"]] = theta_grad
+        if self.learn_pairwise_prior:
+            out[self.slices["pairwise_log_prior_variance"]] = prior_grad
         return out
 
 
@@ -212,12 +239,14 @@ def kl_pairwise(mean, std, prior_variance):
     -------
     kl : float
     grad_mean, grad_std : ndarray of the shape of ``mean``
+    grad_log_prior_variance : float
+        Gradient with respect to ``log(prior_variance)``.
     """
     var = std**2
-    kl = 0.5 * np.sum(
-        (var + mean**2) / prior_variance - 1.0 - np.log(var) + np.log(prior_variance)
-    )
-    return kl, mean / prior_variance, std / prior_variance - 1.0 / std
+    second_moment = (var + mean**2) / prior_variance
+    kl = 0.5 * np.sum(second_moment - 1.0 - np.log(var) + np.log(prior_variance))
+    grad_log_prior = 0.5 * np.sum(1.0 - second_moment)
+    return kl, mean / prior_variance, std / prior_variance - 1.0 / std, grad_log_prior
 
 
 def kl_unary(params):

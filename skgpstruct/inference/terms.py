@@ -38,7 +38,13 @@ from dataclasses import dataclass
 
 import numpy as np
 
-__all__ = ["Chunk", "SharedState", "chunk_terms", "sample_unary"]
+__all__ = [
+    "Chunk",
+    "SharedState",
+    "ReferencePosterior",
+    "chunk_terms",
+    "sample_unary",
+]
 
 
 @dataclass
@@ -88,6 +94,16 @@ class SharedState:
     residual_floor: float
     iteration_key: int = 0  # 0 in batch mode (fixed base samples)
     control_variate: bool = True  # score estimator only
+    reference: object = None  # score estimator: ReferencePosterior or None
+
+
+@dataclass
+class ReferencePosterior:
+    """The posterior the score estimator's samples are drawn from."""
+
+    params: object  # VariationalParameters
+    kernel: object
+    inducing_state: object
 
 
 def chunk_terms(chunk, shared):
@@ -283,40 +299,93 @@ def _sequence_marginal(params, rows, B_n, residual_sd_n):
     return mean, np.linalg.cholesky(cov)
 
 
+def _log_det_chol(chol):
+    """log|Sigma| from its Cholesky factor, over the leading axes."""
+    return 2.0 * np.sum(np.log(np.diagonal(chol, axis1=-2, axis2=-1)), axis=-1)
+
+
 def _score(chunk, shared, projection, residual_sd, rng):
+    """Score-function estimator, optionally importance-weighted.
+
+    Without a reference the samples come from the current posterior and the
+    gradient is the paper's estimator ``1/S sum_s h_s (log p_s - a)`` (h the
+    score of q(f_n) q(f_bin), a the control-variate coefficient estimated on
+    an independent baseline set of samples).
+
+    With ``shared.reference`` the samples are drawn once from the reference
+    posterior q0 and the objective is the self-normalised importance
+    estimate ``J = sum_s w_s log p_s / sum_s w_s`` with
+    ``w_s = q(f_s) q(P_s) / (q0(f_s) q0(P_s))``: deterministic and bounded,
+    so that L-BFGS can maximise it; the returned gradient is its exact
+    gradient (at ``q = q0``, the score estimate with the sample-mean baseline).
+    """
     params = shared.params
+    ref = shared.reference
+    params0 = params if ref is None else ref.params
+    if ref is None:
+        projection0, residual_sd0 = projection, residual_sd
+    else:
+        projection0 = shared.inducing.project(
+            ref.kernel, ref.inducing_state, chunk.X, chunk.offsets, chunk.layout
+        )
+        residual_sd0 = np.sqrt(projection0.residual + shared.residual_floor)
     K, V, M = params.q_mu.shape
     S = shared.n_samples
     offsets, n_seq, T = chunk.offsets, chunk.n_sequences, chunk.n_tokens
     full = params.full_covariance
     w = params.weights
 
-    chols = []
-    eta = rng.standard_normal((2, K, V, T, S))  # estimate set, baseline set
-    unary = np.empty((2, K, S, T, V))
-    for n, (rows, B_n) in enumerate(zip(projection.rows, projection.B, strict=True)):
+    # Fixed samples from the reference marginals: estimate set and baseline set.
+    eta = rng.standard_normal((2, K, V, T, S))
+    samples = np.empty((2, K, V, T, S))
+    log_q0 = np.zeros((K, n_seq, S))  # estimate set, summed over labels
+    chols0 = []
+    for n, (rows, B_n) in enumerate(
+        zip(projection0.rows, projection0.B, strict=True)
+    ):
         t0, t1 = offsets[n], offsets[n + 1]
-        mean, chol = _sequence_marginal(params, rows, B_n, residual_sd[t0:t1])
-        chols.append(chol)
-        f = mean[None, ..., None] + chol[None] @ eta[:, :, :, t0:t1, :]
-        unary[:, :, :, t0:t1, :] = f.transpose(0, 1, 4, 3, 2)
-
-    pairwise = _tile_pairwise(params, shared.pairwise_noise, K)
+        mean0, chol0 = _sequence_marginal(params0, rows, B_n, residual_sd0[t0:t1])
+        chols0.append(chol0)
+        if t1 == t0:
+            continue
+        samples[:, :, :, t0:t1] = mean0[None, ..., None] + chol0[None] @ eta[
+            :, :, :, t0:t1, :
+        ]
+        log_q0[:, n] = -np.sum(
+            0.5 * np.sum(eta[0, :, :, t0:t1] ** 2, axis=2)
+            + 0.5 * _log_det_chol(chol0)[..., None],
+            axis=1,
+        )
+    pair0 = params0.pairwise_mean[None] + params0.pairwise_std[None] * (
+        shared.pairwise_noise
+    )
+    unary = samples.transpose(0, 1, 4, 3, 2)  # (2, K, S, T, V)
+    pairwise = np.tile(pair0, (K, 1, 1))
     log_p = shared.likelihood.log_prob(
-        unary[0].reshape(K * S, T, V), pairwise, offsets, chunk.labels
+        np.ascontiguousarray(unary[0]).reshape(K * S, T, V), pairwise, offsets,
+        chunk.labels,
     ).reshape(K, S, n_seq)
     log_p_base = shared.likelihood.log_prob(
-        unary[1].reshape(K * S, T, V), pairwise, offsets, chunk.labels
+        np.ascontiguousarray(unary[1]).reshape(K * S, T, V), pairwise, offsets,
+        chunk.labels,
     ).reshape(K, S, n_seq)
 
-    zeta = shared.pairwise_noise
+    # Pairwise posterior: its score and importance weight at the samples.
     std = params.pairwise_std
-    score_pair_mean = zeta / std  # (S, V, V)
-    score_pair_std = (zeta**2 - 1.0) / std
+    resid_pair = (pair0 - params.pairwise_mean[None]) / std[None]  # (S, V, V)
+    score_pair_mean = resid_pair / std
+    score_pair_std = (resid_pair**2 - 1.0) / std
+    log_w_pair = np.sum(
+        -0.5 * resid_pair**2 - np.log(std)[None]
+        + 0.5 * shared.pairwise_noise**2 + np.log(params0.pairwise_std)[None],
+        axis=(1, 2),
+    )  # (S,)
 
     grad_mu, grad_sqrt = _zero_grads(params)
     grad_pair_mean = np.zeros((V, V))
     grad_pair_std = np.zeros((V, V))
+    grad_weights = np.zeros(K)
+    ell = 0.0
     d_B = []
     d_residual_sd = np.zeros(T)
     for n, (rows, B_n) in enumerate(zip(projection.rows, projection.B, strict=True)):
@@ -324,26 +393,50 @@ def _score(chunk, shared, projection, residual_sd, rng):
         if t1 == t0:
             d_B.append(np.zeros_like(B_n))
             continue
-        chol_inv = np.linalg.solve(chols[n], np.eye(t1 - t0))  # (K, V, T, T)
+        Tn = t1 - t0
+        mean, chol = _sequence_marginal(params, rows, B_n, residual_sd[t0:t1])
+        chol_inv = np.linalg.solve(chol, np.eye(Tn))  # (K, V, T, T)
         sigma_inv = np.swapaxes(chol_inv, -1, -2) @ chol_inv
-        # z = Sigma^{-1} (f - b) = L^{-T} eta, for both sample sets.
-        z = np.swapaxes(chol_inv, -1, -2)[None] @ eta[:, :, :, t0:t1, :]
-        # Control-variate coefficient from the baseline set (section 5.1):
-        # a = sum_s |h_s|^2 log p_s / sum_s |h_s|^2 with h the score.
-        zb = z[1]  # (K, V, T, S)
-        outer_b = np.einsum("kvts,kvus->kvstu", zb, zb) - sigma_inv[:, :, None]
-        h_norm = np.einsum("kvts,kvts->ks", zb, zb) + 0.25 * np.einsum(
-            "kvstu,kvstu->ks", outer_b, outer_b
-        )
-        a = np.sum(h_norm * log_p_base[:, :, n], axis=1) / np.sum(h_norm, axis=1)
-        if not shared.control_variate:
-            a = np.zeros_like(a)
+        f = samples[0, :, :, t0:t1]  # (K, V, T, S)
+        diff = f - mean[..., None]
+        z = sigma_inv @ diff  # Sigma^{-1} (f - b)
+        log_q = -np.sum(
+            0.5 * np.sum(diff * z, axis=2) + 0.5 * _log_det_chol(chol)[..., None],
+            axis=1,
+        )  # (K, S)
+        log_weight = log_q - log_q0[:, n] + log_w_pair[None]  # (K, S)
 
-        centred = (log_p[:, :, n] - a[:, None]) * (w / S)[:, None]  # (K, S)
-        ze = z[0]
-        g_b = np.einsum("kvts,ks->kvt", ze, centred)
+        # Control-variate coefficient from the baseline set (section 5.1):
+        # a = sum_s |h_s|^2 log p_s / sum_s |h_s|^2, h the score.
+        if shared.control_variate and ref is None:
+            chol0_inv = np.linalg.solve(chols0[n], np.eye(Tn))
+            zb = np.swapaxes(chol0_inv, -1, -2) @ eta[1, :, :, t0:t1, :]
+            sigma0_inv = np.swapaxes(chol0_inv, -1, -2) @ chol0_inv
+            outer_b = np.einsum("kvts,kvus->kvstu", zb, zb) - sigma0_inv[:, :, None]
+            h_norm = np.einsum("kvts,kvts->ks", zb, zb) + 0.25 * np.einsum(
+                "kvstu,kvstu->ks", outer_b, outer_b
+            )
+            a = np.sum(h_norm * log_p_base[:, :, n], axis=1) / np.sum(h_norm, axis=1)
+        else:
+            a = np.zeros(K)
+
+        if ref is None:
+            # Plain estimator: weights are 1, baseline a (control variate).
+            centred = (log_p[:, :, n] - a[:, None]) * (w / S)[:, None]  # (K, S)
+            per_component = log_p[:, :, n].mean(axis=1)
+        else:
+            # Self-normalised weights: J = sum_s w_s log p_s / sum_s w_s is
+            # bounded, so L-BFGS cannot run off by inflating one weight; its
+            # gradient is the score estimate with a weighted-mean baseline.
+            p_s = np.exp(log_weight - log_weight.max(axis=1, keepdims=True))
+            p_s /= p_s.sum(axis=1, keepdims=True)
+            per_component = np.sum(p_s * log_p[:, :, n], axis=1)
+            centred = p_s * (log_p[:, :, n] - per_component[:, None]) * w[:, None]
+        ell += float(np.dot(w, per_component))
+        grad_weights += per_component
+        g_b = np.einsum("kvts,ks->kvt", z, centred)
         g_sigma = 0.5 * (
-            np.einsum("kvts,kvus,ks->kvtu", ze, ze, centred)
+            np.einsum("kvts,kvus,ks->kvtu", z, z, centred)
             - sigma_inv * centred.sum(axis=1)[:, None, None, None]
         )
         # b = m[rows] B_n, Sigma = B_n^T S[rows, rows] B_n + diag(r): chain rule.
@@ -375,10 +468,10 @@ def _score(chunk, shared, projection, residual_sd, rng):
         grad_sqrt = np.tril(grad_sqrt)
 
     out = {
-        "ell": float(np.einsum("k,ksn->", w / S, log_p)),
+        "ell": ell,
         "q_mu": grad_mu,
         "q_sqrt": grad_sqrt,
-        "weights": log_p.sum(axis=(1, 2)) / S,
+        "weights": grad_weights,
         "pairwise_mean": grad_pair_mean,
         "pairwise_std": grad_pair_std,
     }

@@ -103,3 +103,74 @@ class Timer:
 
     def __call__(self):
         return time.perf_counter() - self.start
+
+
+def minimize_lbfgs_rounds(
+    make_value_and_grad,
+    x0,
+    *,
+    round_size=10,
+    bounds=None,
+    max_iter=200,
+    tol=1e-6,
+    callback=None,
+):
+    """Maximise a sequence of deterministic surrogates with L-BFGS-B.
+
+    Round ``r`` maximises ``make_value_and_grad(r, x_start)`` (a deterministic
+    objective built around the round's starting point, such as an
+    importance-weighted Monte Carlo estimate with samples drawn there) for
+    at most ``round_size`` iterations, then the next round starts from its
+    result.
+
+    Parameters
+    ----------
+    make_value_and_grad : callable
+        ``make_value_and_grad(round_index, x_start) -> value_and_grad``.
+    x0 : ndarray of shape (n,)
+    round_size : int, default=10
+    bounds, max_iter, callback
+        As in :func:`minimize_lbfgs` (``max_iter`` counts iterations over
+        all rounds).
+    tol : float, default=1e-6
+        Stop when a round improves its own objective by less than ``tol``
+        relative to the objective's magnitude.
+
+    Returns
+    -------
+    OptimizationResult
+    """
+    x = np.asarray(x0, dtype=np.float64)
+    history, n_iter, round_index = [], 0, 0
+    converged, message, value = False, "", None
+
+    def shifted_callback(iteration, value, x):
+        if callback is not None:
+            callback(n_iter + iteration, value, x)
+
+    while n_iter < max_iter:
+        value_and_grad = make_value_and_grad(round_index, x)
+        start_value = value_and_grad(x)[0]
+        result = minimize_lbfgs(
+            value_and_grad,
+            x,
+            bounds=bounds,
+            max_iter=min(round_size, max_iter - n_iter),
+            tol=tol,
+            callback=shifted_callback,
+        )
+        n_iter += max(result.n_iter, 1)
+        history.extend(result.history)
+        x, value, message = result.x, result.value, result.message
+        round_index += 1
+        if abs(value - start_value) <= tol * max(abs(value), abs(start_value), 1.0):
+            converged = True
+            break
+    return OptimizationResult(
+        x=x,
+        value=value,
+        n_iter=n_iter,
+        converged=converged,
+        message=f"{round_index} rounds; last: {message}",
+        history=history,
+    )
