@@ -8,15 +8,70 @@ exit code; :func:`main` dispatches.
 
 Commands
 --------
+train
+    ``skgpstruct train --template TEMPLATE [options] TRAIN_FILE MODEL_FILE``
+    reads a CoNLL / CRF++ file, expands the CRF++ template into features
+    (:class:`~skgpstruct.features.CRFppTemplateVectorizer`), fits a
+    :class:`~skgpstruct.GPStructClassifier` and saves both, as one
+    :class:`~sklearn.pipeline.Pipeline`, to a model file (as CRF++'s
+    ``crf_learn``).
+predict
+    ``skgpstruct predict MODEL_FILE FILE`` writes ``FILE`` back with a
+    predicted label column appended (as ``crf_test``).
+evaluate
+    ``skgpstruct evaluate MODEL_FILE FILE`` prints the token accuracy and
+    the chunk precision, recall and F1 per type and overall, in the layout
+    of the CoNLL ``conlleval`` script.
 demo
     Fit a :class:`~skgpstruct.GPStructClassifier` to synthetic sequences
     (:func:`skgpstruct.datasets.make_sequences`) and compare it with a
     per-token logistic regression on the same features.
+
+Files
+-----
+Data files are read with :func:`skgpstruct.io.read_conll`: one token per
+line, columns separated by spaces or tabs, the label last, a blank line
+between sequences; ``-`` reads standard input. The template and the data
+are decoded with ``--encoding`` (``train``; ``predict`` and ``evaluate``
+default to the encoding the model was trained with).
+
+A model file is a pickle (:func:`joblib.dump`) of the dict
+``{"format": "skgpstruct-model", "skgpstruct_version": ..., "pipeline":
+Pipeline, "template": text, "encoding": ..., "n_token_columns": ...}``.
+Loading a pickle can run arbitrary code: only load model files you trust.
+A model file is refused unless the installed skgpstruct wrote it (same
+version).
+
+The gold label column of ``predict`` / ``evaluate`` input is detected by
+counting columns: the model stores the number of token columns (without the
+label) of its training file; a file with one more column has the gold label
+last, a file with as many has none (``evaluate`` needs it). ``predict``
+writes the token columns, the gold label (when the input has one), the
+predicted label and, with ``--marginals``, one more column: the posterior
+marginal probability of the predicted label. Columns are separated as in
+the input (a tab if its first token line has one, else a space); sequences
+stay separated by blank lines, so the output is read back by
+:func:`~skgpstruct.io.read_conll`, and without ``--marginals`` it is the
+input ``conlleval`` expects.
+
+Progress (reading, features, the ELBO of every fit iteration, writing) goes
+to standard error, ``-q`` silences it; results go to standard output.
+Errors are printed as ``skgpstruct: error: ...``; the exit status is 0 on
+success, 2 for a usage error or bad input (missing or unreadable file, bad
+template line, unknown option value, a model file that is not one or comes
+from another version) and 1 for an unexpected error (a bug; a traceback is
+printed).
 """
 
 import argparse
+import codecs
+import contextlib
+import io
+import os
+import pickletools
 import sys
 import time
+import traceback
 import warnings
 
 import numpy as np
@@ -32,6 +87,19 @@ _DEMO_N_CLASSES = 3
 _DEMO_N_FEATURES = 8
 _DEMO_N_TEST = 100
 _DEMO_SHOWN_TOKENS = 8
+
+#: The ``"format"`` entry of a model file's dict.
+MODEL_FORMAT = "skgpstruct-model"
+_EXIT_UNEXPECTED = 1
+_EXIT_BAD_INPUT = 2
+_PICKLE_WARNING = (
+    "Model files are pickles: loading one can run arbitrary code, so only "
+    "load model files you trust."
+)
+
+
+class CommandError(Exception):
+    """Bad input the user can fix: printed without a traceback, exit code 2."""
 
 
 def _positive_int(text):
@@ -58,6 +126,73 @@ def _nonnegative_int(text):
     if value < 0:
         raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {value}")
     return value
+
+
+def _n_jobs(text):
+    """argparse type: a joblib ``n_jobs`` (an integer other than 0)."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value == 0:
+        raise argparse.ArgumentTypeError(
+            f"expected a non-zero integer (-1 for all cores), got {text!r}"
+        )
+    return value
+
+
+def _positive_float(text):
+    """argparse type: a number > 0."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"expected a number > 0, got {text!r}")
+    return value
+
+
+def _encoding(text):
+    """argparse type: the name of a Python codec."""
+    try:
+        codecs.lookup(text)
+    except LookupError:
+        raise argparse.ArgumentTypeError(
+            f"unknown encoding {text!r}; give a Python codec name such as "
+            "'utf-8' or 'euc-jp'"
+        ) from None
+    return text
+
+
+def _fit(estimator, X, y):
+    """Fit ``estimator``; return (seconds, converged).
+
+    A ConvergenceWarning becomes ``converged=False`` (the commands print
+    their own note); other warnings are re-emitted.
+    """
+    from sklearn.exceptions import ConvergenceWarning
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", ConvergenceWarning)
+        start = time.perf_counter()
+        estimator.fit(X, y)
+        seconds = time.perf_counter() - start
+    converged = True
+    for warning in caught:
+        if issubclass(warning.category, ConvergenceWarning):
+            converged = False
+        else:
+            warnings.warn_explicit(
+                warning.message, warning.category, warning.filename,
+                warning.lineno,
+            )
+    return seconds, converged
+
+
+def _progress(args, message):
+    """Print a progress line to standard error unless ``-q``."""
+    if not args.quiet:
+        print(message, file=sys.stderr, flush=True)
 
 
 # ---------------------------------------------------------------------- #
@@ -106,7 +241,6 @@ def _add_demo(subparsers):
 
 def _run_demo(args):
     # Imported here so that `skgpstruct --help` stays fast.
-    from sklearn.exceptions import ConvergenceWarning
     from sklearn.linear_model import LogisticRegression
 
     from ._estimator import GPStructClassifier
@@ -144,20 +278,10 @@ def _run_demo(args):
         f"max_iter={args.max_iter})",
         flush=True,
     )
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always", ConvergenceWarning)
-        start = time.perf_counter()
-        gp.fit(X_train, y_train)
-        gp_time = time.perf_counter() - start
-    for warning in caught:
-        if issubclass(warning.category, ConvergenceWarning):
-            print(f"note: the GP stopped at max_iter={args.max_iter} before "
-                  "the ELBO settled (use --max-iter to run longer)")
-        else:
-            warnings.warn_explicit(
-                warning.message, warning.category, warning.filename,
-                warning.lineno,
-            )
+    gp_time, converged = _fit(gp, X_train, y_train)
+    if not converged:
+        print(f"note: the GP stopped at max_iter={args.max_iter} before "
+              "the ELBO settled (use --max-iter to run longer)")
     gp_accuracy = token_accuracy(y_test, gp.predict(X_test))
 
     logreg = LogisticRegression(max_iter=1000)
@@ -201,10 +325,637 @@ def _run_demo(args):
 
 
 # ---------------------------------------------------------------------- #
+# files
+class _Corpus:
+    """A data file as read: its sequences and how its columns look."""
+
+    def __init__(self, name, tokens, labels, separator):
+        self.name = name
+        self.tokens = tokens
+        self.labels = labels
+        self.n_columns = len(tokens[0][0]) + 1  # read_conll checks they agree
+        self.separator = separator
+
+
+def _read_bytes(path, what):
+    """Bytes of ``path`` (``-``: standard input) and the name to report."""
+    if path == "-":
+        return sys.stdin.buffer.read(), "<stdin>"
+    try:
+        with open(path, "rb") as handle:
+            return handle.read(), path
+    except OSError as exc:
+        raise CommandError(
+            f"cannot read {what} {path!r}: {exc.strerror or exc}"
+        ) from None
+
+
+def _separator(data):
+    """Tab if the first token line of ``data`` (bytes) has one, else space."""
+    start = 0
+    while start < len(data):
+        end = data.find(b"\n", start)
+        end = len(data) if end < 0 else end
+        line = data[start:end].strip(b" \t\r")
+        if line:
+            return "\t" if b"\t" in line else " "
+        start = end + 1
+    return " "
+
+
+def _read_corpus(path, encoding, args):
+    """Read a CoNLL / CRF++ file with :func:`skgpstruct.io.read_conll`."""
+    from .io import read_conll
+
+    _progress(args, f"reading {'<stdin>' if path == '-' else path}")
+    start = time.perf_counter()
+    data, name = _read_bytes(path, "data file")
+    handle = io.BytesIO(data)
+    handle.name = name  # read_conll names the file in its messages
+    try:
+        tokens, labels = read_conll(handle, encoding=encoding)
+    except ValueError as exc:
+        raise CommandError(str(exc)) from None
+    corpus = _Corpus(name, tokens, labels, _separator(data))
+    _progress(
+        args,
+        f"{name}: {len(labels)} sequences, {sum(len(s) for s in labels)} "
+        f"tokens, {corpus.n_columns} columns per token "
+        f"({len(data) / 1e6:.2f} MB read in {time.perf_counter() - start:.2f} s)",
+    )
+    return corpus
+
+
+def _read_template(path, encoding):
+    """Text of a CRF++ template file, checked line by line."""
+    from .features import expand_crfpp_template
+
+    data, name = _read_bytes(path, "template file")
+    try:
+        text = data.decode(encoding)
+    except UnicodeDecodeError as exc:
+        line = data.count(b"\n", 0, exc.start) + 1
+        raise CommandError(
+            f"{name}, line {line}: cannot decode the template with encoding "
+            f"{encoding!r} ({exc.reason}); give its encoding with --encoding"
+        ) from None
+    # A one-line text without a newline would be taken for a file name.
+    text = text if text.endswith("\n") else text + "\n"
+    try:
+        expand_crfpp_template(text, [])  # parses every line, expands none
+    except ValueError as exc:
+        raise CommandError(f"{name}: {exc}") from None
+    return text
+
+
+def _check_output_path(path, what):
+    """Fail before long work if ``path`` cannot be a file to write."""
+    if os.path.isdir(path):
+        raise CommandError(f"cannot write {what} {path!r}: it is a directory")
+    directory = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(directory):
+        raise CommandError(
+            f"cannot write {what} {path!r}: directory {directory!r} does not "
+            "exist"
+        )
+
+
+def _write_text(text, path, encoding):
+    """Write ``text`` encoded with ``encoding`` to ``path`` or standard output."""
+    try:
+        data = text.encode(encoding)
+    except UnicodeEncodeError as exc:
+        raise CommandError(
+            f"cannot encode the output with encoding {encoding!r}: {exc.reason} "
+            f"({exc.object[exc.start:exc.end]!r}); choose another with --encoding"
+        ) from None
+    if path is None or path == "-":
+        sys.stdout.flush()
+        sys.stdout.buffer.write(data)
+        sys.stdout.buffer.flush()
+        return
+    try:
+        with open(path, "wb") as handle:
+            handle.write(data)
+    except OSError as exc:
+        raise CommandError(
+            f"cannot write output file {path!r}: {exc.strerror or exc}"
+        ) from None
+
+
+# ---------------------------------------------------------------------- #
+# model files
+def _save_model(model, path):
+    import joblib
+
+    try:
+        # Uncompressed, so that _written_version can read the header.
+        joblib.dump(model, path)
+    except OSError as exc:
+        raise CommandError(
+            f"cannot write model file {path!r}: {exc.strerror or exc}"
+        ) from None
+
+
+def _written_version(path):
+    """The skgpstruct version at the start of a model file, or None.
+
+    Read from the pickle's first opcodes without unpickling anything, so
+    that a model whose pipeline no longer unpickles (a class moved in
+    another version) is still reported with the version that wrote it.
+    """
+    strings = []
+    try:
+        with open(path, "rb") as handle:
+            for k, (_, arg, _) in enumerate(pickletools.genops(handle)):
+                if k > 64:
+                    break
+                if isinstance(arg, str):
+                    strings.append(arg)
+    except Exception:  # any malformed stream: there is no version to report
+        pass
+    if MODEL_FORMAT not in strings:
+        return None
+    for key, value in zip(strings, strings[1:], strict=False):
+        if key == "skgpstruct_version":
+            return value
+    return None
+
+
+def _version_error(path, written):
+    return CommandError(
+        f"model file {path!r} was written by skgpstruct {written}, but the "
+        f"installed version is {__version__}; a model file is tied to the "
+        "version that wrote it: train the model again with 'skgpstruct train'"
+    )
+
+
+def _load_model(path):
+    """Load and check a model file written by ``skgpstruct train``."""
+    import joblib
+    from sklearn.pipeline import Pipeline
+
+    not_a_model = (
+        f"{path!r} is not a skgpstruct model file (model files are written "
+        "by 'skgpstruct train')"
+    )
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        try:
+            model = joblib.load(path)
+        except OSError as exc:
+            raise CommandError(
+                f"cannot read model file {path!r}: {exc.strerror or exc}"
+            ) from None
+        except Exception as exc:  # unpickling fails in many ways, all fatal
+            written = _written_version(path)
+            if written is not None and written != __version__:
+                raise _version_error(path, written) from None
+            raise CommandError(
+                f"{not_a_model}, or it is damaged: unpickling it failed "
+                f"({type(exc).__name__}: {exc})"
+            ) from None
+    if not isinstance(model, dict) or model.get("format") != MODEL_FORMAT:
+        held = (
+            f"a dict without the entry 'format': {MODEL_FORMAT!r}"
+            if isinstance(model, dict) else f"a {type(model).__name__}"
+        )
+        raise CommandError(f"{not_a_model}: it holds {held}")
+    if model.get("skgpstruct_version") != __version__:
+        raise _version_error(path, model.get("skgpstruct_version"))
+    if not isinstance(model.get("pipeline"), Pipeline) or not isinstance(
+        model.get("n_token_columns"), int
+    ):
+        raise CommandError(
+            f"model file {path!r} is damaged: it lacks the fitted pipeline or "
+            "the number of token columns"
+        )
+    for warning in caught:  # e.g. scikit-learn's InconsistentVersionWarning
+        print(f"skgpstruct: warning: {path}: {warning.message}", file=sys.stderr)
+    return model
+
+
+def _split_gold(corpus, model):
+    """Token rows and gold labels (None if the file has no gold column)."""
+    n_token = model["n_token_columns"]
+    if corpus.n_columns == n_token + 1:
+        return corpus.tokens, corpus.labels
+    if corpus.n_columns == n_token:
+        # read_conll took the last token column for a label: give it back.
+        tokens = [
+            [[*row, label] for row, label in zip(seq, labels, strict=True)]
+            for seq, labels in zip(corpus.tokens, corpus.labels, strict=True)
+        ]
+        return tokens, None
+    raise CommandError(
+        f"{corpus.name} has {corpus.n_columns} columns per token, but the model "
+        f"was trained on {n_token} token column(s) and a label: give "
+        f"{n_token} columns (tokens only) or {n_token + 1} (tokens, then the "
+        "gold label)"
+    )
+
+
+def _predict(model, tokens, args, *, marginals=False):
+    """Predicted labels, and the marginal probability of each if asked."""
+    pipeline = model["pipeline"]
+    start = time.perf_counter()
+    X = pipeline[:-1].transform(tokens)
+    estimator = pipeline[-1]
+    predicted = estimator.predict(X)
+    probabilities = None
+    if marginals:
+        probabilities = [
+            m[np.arange(len(labels)), np.searchsorted(estimator.classes_, labels)]
+            for m, labels in zip(estimator.predict_marginals(X), predicted,
+                                 strict=True)
+        ]
+    _progress(
+        args,
+        f"predicted {len(predicted)} sequences ({sum(map(len, predicted))} "
+        f"tokens) in {time.perf_counter() - start:.2f} s",
+    )
+    return predicted, probabilities
+
+
+def _add_model_input_arguments(parser):
+    """MODEL_FILE FILE --encoding -q, shared by predict and evaluate."""
+    parser.add_argument(
+        "model_file", metavar="MODEL_FILE",
+        help="a model file written by 'skgpstruct train' (a pickle: only "
+        "load files you trust)",
+    )
+    parser.add_argument(
+        "file", metavar="FILE",
+        help="CoNLL / CRF++ file to label: the model's token columns, "
+        "optionally followed by the gold label; - reads standard input",
+    )
+    parser.add_argument(
+        "--encoding", type=_encoding, default=None, metavar="CODEC",
+        help="encoding of FILE and of the output (default: the encoding the "
+        "model was trained with)",
+    )
+    parser.add_argument(
+        "-q", "--quiet", action="store_true",
+        help="do not print progress to standard error",
+    )
+
+
+# ---------------------------------------------------------------------- #
+# train
+# GPStructClassifier parameters set by `train` options of the same name.
+_TRAIN_PARAMETERS = (
+    "kernel", "n_inducing", "inducing", "inference", "covariance", "gradient",
+    "optimizer", "n_samples", "max_iter", "tol", "decode", "n_jobs",
+    "random_state",
+)
+
+
+def _accepted_values(name):
+    """Values of a string parameter the estimator accepts, for help texts."""
+    from . import _estimator
+
+    if name == "kernel":
+        from .kernels import KERNELS
+
+        return sorted(KERNELS)
+    # Help text only: the estimator validates the value itself.
+    return getattr(_estimator, "_OPTIONS", {}).get(name)
+
+
+def _add_train(subparsers):
+    from ._estimator import GPStructClassifier
+
+    defaults = GPStructClassifier().get_params()
+    parser = subparsers.add_parser(
+        "train",
+        help="fit a tagger to a CoNLL / CRF++ file and save it (as crf_learn)",
+        description=(
+            "Read a CoNLL / CRF++ file (one token per line, columns separated "
+            "by spaces or tabs, the label last, a blank line between "
+            "sequences), expand the CRF++ template into binary token "
+            "features, fit GPStructClassifier and save the features and the "
+            "estimator (one scikit-learn Pipeline) to MODEL_FILE. Progress "
+            "(counts, the ELBO of every iteration) goes to standard error."
+        ),
+        epilog=_PICKLE_WARNING,
+    )
+    parser.add_argument(
+        "train_file", metavar="TRAIN_FILE",
+        help="CoNLL / CRF++ training file; - reads standard input",
+    )
+    parser.add_argument(
+        "model_file", metavar="MODEL_FILE",
+        help="where to write the model (a pickle)",
+    )
+    features = parser.add_argument_group("features")
+    features.add_argument(
+        "-t", "--template", required=True, metavar="TEMPLATE",
+        help="CRF++ template file: U lines (%%x[row,col] macros) give token "
+        "features; B lines are accepted (the model always has label "
+        "transitions)",
+    )
+    features.add_argument(
+        "--encoding", type=_encoding, default="utf-8", metavar="CODEC",
+        help="encoding of TEMPLATE and TRAIN_FILE, stored in the model for "
+        "predict and evaluate (default: %(default)s; CRF++'s JapaneseNE data "
+        "needs euc-jp)",
+    )
+    features.add_argument(
+        "--min-count", type=_positive_int, default=1, metavar="N",
+        help="keep the features seen at least N times, as crf_learn -f "
+        "(default: %(default)s)",
+    )
+
+    model = parser.add_argument_group(
+        "model", "Parameters of GPStructClassifier (see its documentation); "
+        "the estimator checks their values."
+    )
+
+    def choice(flag, name, text):
+        accepted = _accepted_values(name)
+        listed = f": {', '.join(accepted)}" if accepted else ""
+        model.add_argument(
+            flag, default=defaults[name], metavar="NAME",
+            help=f"{text}{listed} (default: {defaults[name]})",
+        )
+
+    choice("--kernel", "kernel", "covariance of the latent functions")
+    model.add_argument(
+        "--n-inducing", type=_positive_int, default=defaults["n_inducing"],
+        metavar="M",
+        help="inducing inputs, unused with '--inducing features' (default: "
+        "%(default)s)",
+    )
+    choice("--inducing", "inducing", "inducing variables")
+    # Exposed once the estimator has the parameter (variational, ESS, ...).
+    if "inference" in defaults:
+        choice("--inference", "inference", "posterior inference")
+    choice("--covariance", "covariance", "posterior covariances")
+    choice("--gradient", "gradient", "Monte Carlo gradient estimator")
+    choice("--optimizer", "optimizer", "optimiser of the ELBO")
+    model.add_argument(
+        "--n-samples", type=_positive_int, default=defaults["n_samples"],
+        metavar="S",
+        help="Monte Carlo samples per sequence in the ELBO (default: "
+        "%(default)s)",
+    )
+    model.add_argument(
+        "--max-iter", type=_positive_int, default=defaults["max_iter"],
+        metavar="N", help="maximum iterations (default: %(default)s)",
+    )
+    model.add_argument(
+        "--tol", type=_positive_float, default=defaults["tol"], metavar="TOL",
+        help="relative ELBO change that stops the fit (default: %(default)s)",
+    )
+    choice("--decode", "decode", "decoding of predict")
+    model.add_argument(
+        "--n-jobs", type=_n_jobs, default=defaults["n_jobs"], metavar="N",
+        help="joblib workers for the fit (default: 1; -1 for all cores)",
+    )
+    model.add_argument(
+        "--random-state", type=_nonnegative_int, default=0, metavar="SEED",
+        help="seed of the inducing inputs and Monte Carlo samples (default: "
+        "%(default)s, so that a command gives the same model every time)",
+    )
+    model.add_argument(
+        "--verbose", type=_nonnegative_int, default=1, metavar="LEVEL",
+        help="estimator verbosity: 1 prints the ELBO at every iteration, 0 "
+        "nothing (default: %(default)s; -q sets 0)",
+    )
+    parser.add_argument(
+        "-q", "--quiet", action="store_true",
+        help="do not print progress to standard error",
+    )
+    parser.set_defaults(run=_run_train, parser=parser)
+
+
+def _run_train(args):
+    from sklearn.pipeline import Pipeline
+
+    from ._estimator import GPStructClassifier
+    from .features import CRFppTemplateVectorizer
+    from .kernels import get_kernel
+
+    start = time.perf_counter()
+    template = _read_template(args.template, args.encoding)
+    params = {name: getattr(args, name) for name in _TRAIN_PARAMETERS
+              if name in vars(args)}
+    gp = GPStructClassifier(verbose=0 if args.quiet else args.verbose, **params)
+    # The estimator's own checks, before the long reading and fitting.
+    try:
+        get_kernel(gp.kernel)
+        gp._check_params()
+    except ValueError as exc:
+        raise CommandError(str(exc)) from None
+    _check_output_path(args.model_file, "model file")
+    corpus = _read_corpus(args.train_file, args.encoding, args)
+
+    vectorizer = CRFppTemplateVectorizer(template, min_count=args.min_count)
+    features_start = time.perf_counter()
+    try:
+        X = vectorizer.fit_transform(corpus.tokens)
+    except ValueError as exc:
+        raise CommandError(f"{args.template} on {corpus.name}: {exc}") from None
+    if not vectorizer.unigram_templates_:
+        raise CommandError(
+            f"{args.template}: the template has no U (unigram) line, so "
+            "tokens get no features; add lines such as U00:%x[0,0]"
+        )
+    if not vectorizer.vocabulary_:
+        raise CommandError(
+            f"no template feature occurs {args.min_count} times in "
+            f"{corpus.name}; lower --min-count"
+        )
+    _progress(
+        args,
+        f"features: {len(vectorizer.vocabulary_)} from "
+        f"{len(vectorizer.unigram_templates_)} template lines in "
+        f"{time.perf_counter() - features_start:.2f} s",
+    )
+    label_set = sorted({label for seq in corpus.labels for label in seq})
+    _progress(
+        args,
+        f"fitting {gp!r} to {len(corpus.labels)} sequences, "
+        f"{len(label_set)} labels ({' '.join(label_set[:20])}"
+        f"{' ...' if len(label_set) > 20 else ''})",
+    )
+    try:
+        with contextlib.redirect_stdout(sys.stderr):  # the ELBO lines
+            seconds, converged = _fit(gp, X, corpus.labels)
+    except ValueError as exc:
+        raise CommandError(f"cannot fit the model: {exc}") from None
+    iterations = getattr(gp, "n_iter_", None)
+    done = "" if iterations is None else f" ({iterations} iterations)"
+    _progress(args, f"fitted in {seconds:.2f} s{done}")
+    if not converged:
+        _progress(
+            args,
+            f"note: the fit stopped at --max-iter {args.max_iter} before the "
+            "ELBO settled (raise --max-iter to run longer)",
+        )
+
+    _save_model(
+        {
+            "format": MODEL_FORMAT,
+            "skgpstruct_version": __version__,
+            "pipeline": Pipeline([("features", vectorizer), ("gp", gp)]),
+            "template": template,
+            "encoding": args.encoding,
+            "n_token_columns": corpus.n_columns - 1,
+        },
+        args.model_file,
+    )
+    _progress(
+        args,
+        f"wrote {args.model_file} in {time.perf_counter() - start:.2f} s in all",
+    )
+    return 0
+
+
+# ---------------------------------------------------------------------- #
+# predict
+def _add_predict(subparsers):
+    parser = subparsers.add_parser(
+        "predict",
+        help="label a CoNLL / CRF++ file with a trained model (as crf_test)",
+        description=(
+            "Write FILE back with the predicted label appended to every token "
+            "line: the token columns, the gold label if FILE has one (it has "
+            "one column more than the model's training tokens), the "
+            "predicted label and, with --marginals, the probability of the "
+            "predicted label. Columns are separated as in FILE (a tab if its "
+            "first token line has one, else a space) and sequences by blank "
+            "lines, so skgpstruct.io.read_conll reads the output back, and "
+            "without --marginals conlleval reads it too."
+        ),
+        epilog=_PICKLE_WARNING,
+    )
+    _add_model_input_arguments(parser)
+    parser.add_argument(
+        "-o", "--output", default=None, metavar="OUT",
+        help="write to OUT instead of standard output",
+    )
+    parser.add_argument(
+        "--marginals", action="store_true",
+        help="append a column with the posterior marginal probability, in "
+        "(0, 1] and with 6 significant digits, of each predicted label",
+    )
+    parser.set_defaults(run=_run_predict, parser=parser)
+
+
+def _run_predict(args):
+    from .io import format_conll
+
+    model = _load_model(args.model_file)
+    encoding = args.encoding or model["encoding"]
+    if args.output is not None and args.output != "-":
+        _check_output_path(args.output, "output file")
+    corpus = _read_corpus(args.file, encoding, args)
+    tokens, gold = _split_gold(corpus, model)
+    predicted, probabilities = _predict(model, tokens, args,
+                                        marginals=args.marginals)
+    columns = [] if gold is None else [gold]
+    columns.append(predicted)
+    if probabilities is not None:
+        columns.append([[f"{p:.6g}" for p in seq] for seq in probabilities])
+    text = format_conll(tokens, *columns, sep=corpus.separator)
+    _write_text(text, args.output, encoding)
+    if args.output is not None and args.output != "-":
+        _progress(args, f"wrote {args.output}")
+    return 0
+
+
+# ---------------------------------------------------------------------- #
+# evaluate
+def _add_evaluate(subparsers):
+    parser = subparsers.add_parser(
+        "evaluate",
+        help="score a trained model on a labelled file (as conlleval)",
+        description=(
+            "Predict the labels of FILE (whose last column is the gold "
+            "label) and print the token accuracy, then the chunk scores in "
+            "the layout of the CoNLL conlleval script: an overall line and "
+            "one line per chunk type (precision, recall, FB1 and the number "
+            "of predicted chunks); untyped chunks (labels B, I as in CRF++'s "
+            "basenp data) are shown as (untyped)."
+        ),
+        epilog=_PICKLE_WARNING,
+    )
+    _add_model_input_arguments(parser)
+    parser.add_argument(
+        "--scheme", default=None, metavar="SCHEME",
+        help="chunk scheme of skgpstruct.metrics: iob1, iob2, ioe1, ioe2 or "
+        "iobes (default: conlleval's own rules, right for IOB and IOE labels)",
+    )
+    parser.set_defaults(run=_run_evaluate, parser=parser)
+
+
+def _conlleval_report(report, n_tokens):
+    """Text of :func:`~skgpstruct.metrics.classification_report`'s dict."""
+
+    def n_correct(row):
+        return round(row["precision"] * row["predicted"])
+
+    def scores(row):
+        return (
+            f"precision: {100 * row['precision']:6.2f}%; "
+            f"recall: {100 * row['recall']:6.2f}%; "
+            f"FB1: {100 * row['f1-score']:6.2f}"
+        )
+
+    accuracy = report["token accuracy"]
+    overall = report["micro avg"]
+    lines = [
+        f"token accuracy: {100 * accuracy:.2f}% ({round(accuracy * n_tokens)} "
+        f"of {n_tokens} tokens)",
+        f"processed {n_tokens} tokens with {overall['support']} phrases; "
+        f"found: {overall['predicted']} phrases; correct: "
+        f"{n_correct(overall)}.",
+        f"accuracy: {100 * accuracy:6.2f}%; {scores(overall)}",
+    ]
+    for type_, row in report.items():
+        if type_ in ("micro avg", "token accuracy"):
+            continue
+        name = type_ if type_ else "(untyped)"
+        lines.append(f"{name:>17}: {scores(row)}  {row['predicted']}")
+    return "\n".join(lines) + "\n"
+
+
+def _run_evaluate(args):
+    from .metrics import classification_report
+
+    try:  # the scheme's name, checked before the long work
+        classification_report([["O"]], [["O"]], scheme=args.scheme)
+    except ValueError as exc:
+        raise CommandError(str(exc)) from None
+    model = _load_model(args.model_file)
+    corpus = _read_corpus(args.file, args.encoding or model["encoding"], args)
+    tokens, gold = _split_gold(corpus, model)
+    if gold is None:
+        raise CommandError(
+            f"{corpus.name} has no gold label column: its {corpus.n_columns} "
+            "columns per token are the model's token columns; evaluate needs "
+            f"the gold label last ({corpus.n_columns + 1} columns)"
+        )
+    predicted, _ = _predict(model, tokens, args)
+    try:
+        report = classification_report(gold, predicted, scheme=args.scheme,
+                                       output_dict=True)
+    except ValueError as exc:
+        raise CommandError(f"{corpus.name}: {exc}") from None
+    print(_conlleval_report(report, sum(len(s) for s in gold)), end="")
+    return 0
+
+
+# ---------------------------------------------------------------------- #
 def _build_parser():
     parser = argparse.ArgumentParser(
         prog="skgpstruct",
         description="Bayesian sequence labelling with Gaussian-process priors.",
+        epilog=(
+            "Exit status: 0 on success, 2 for a usage error or bad input, 1 "
+            "for an unexpected error. " + _PICKLE_WARNING
+        ),
     )
     parser.add_argument(
         "--version", action="version", version=f"%(prog)s {__version__}"
@@ -212,6 +963,9 @@ def _build_parser():
     subparsers = parser.add_subparsers(
         title="commands", dest="command", metavar="<command>", required=True
     )
+    _add_train(subparsers)
+    _add_predict(subparsers)
+    _add_evaluate(subparsers)
     _add_demo(subparsers)
     return parser
 
@@ -227,8 +981,10 @@ def main(argv=None):
     Returns
     -------
     exit_code : int
-        0 on success. Invalid options make argparse print a usage message
-        and exit with status 2.
+        0 on success; 2 for bad input (printed as ``skgpstruct: error:
+        ...``); 1 for an unexpected error (printed with its traceback).
+        Invalid options make argparse print a usage message and exit with
+        status 2.
     """
     parser = _build_parser()
     args, extra = parser.parse_known_args(sys.argv[1:] if argv is None else argv)
@@ -236,4 +992,24 @@ def main(argv=None):
         # Report unknown options with the sub-command's usage, not the
         # top-level one argparse would show.
         args.parser.error(f"unrecognized arguments: {' '.join(extra)}")
-    return args.run(args)
+    try:
+        return args.run(args)
+    except CommandError as exc:
+        print(f"skgpstruct: error: {exc}", file=sys.stderr)
+        return _EXIT_BAD_INPUT
+    except KeyboardInterrupt:
+        print("skgpstruct: interrupted", file=sys.stderr)
+        return 130
+    except BrokenPipeError:
+        # The reader of standard output (e.g. `head`) stopped: not an error.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        return _EXIT_UNEXPECTED
+    except Exception as exc:
+        traceback.print_exc()
+        print(
+            f"skgpstruct: error: unexpected {type(exc).__name__}: {exc} (a bug "
+            "in skgpstruct: please report it with the traceback above)",
+            file=sys.stderr,
+        )
+        return _EXIT_UNEXPECTED

@@ -1,24 +1,42 @@
 """The command line, run as a user runs it: ``python -m skgpstruct``."""
 
 import os
+import pickle
 import re
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
+import joblib
+import numpy as np
 import pytest
+from sklearn.pipeline import Pipeline
 
 import skgpstruct
+from skgpstruct import GPStructClassifier, cli
 from skgpstruct.cli import main
+from skgpstruct.io import parse_conll, read_conll, write_conll
+from skgpstruct.metrics import (
+    chunk_precision_recall_fscore_support,
+    classification_report,
+    token_accuracy,
+)
 
 _ACCURACY_LINE = re.compile(
     r"^\s*(GPStructClassifier|LogisticRegression)\s+accuracy\s+([0-9.]+)\s+"
     r"fit\s+([0-9.]+) s",
     re.MULTILINE,
 )
+# A small fold of CRF++'s basenp data: the first sequences of its files.
+N_TRAIN = 40
+N_TEST = 20
+MAX_ITER = "30"
+
+needs_shared_data = pytest.mark.shared_data
 
 
-def _run(*args, timeout=120):
+def _run(*args, input=None, text=True, timeout=120):
     """Run ``python -m skgpstruct *args``; return the CompletedProcess.
 
     The child must import the package the tests import: prepend the
@@ -32,10 +50,11 @@ def _run(*args, timeout=120):
     )
     env.setdefault("OPENBLAS_NUM_THREADS", "1")
     return subprocess.run(
-        [sys.executable, "-m", "skgpstruct", *args],
+        [sys.executable, "-m", "skgpstruct", *map(str, args)],
         capture_output=True,
-        text=True,
+        text=text,
         env=env,
+        input=input,
         timeout=timeout,
         check=False,
     )
@@ -94,8 +113,385 @@ def test_bad_demo_options_exit_with_usage(args, capsys):
     assert "usage: skgpstruct demo" in err
 
 
-def test_help_lists_demo(capsys):
+def test_help_lists_the_commands(capsys):
     with pytest.raises(SystemExit) as exc:
         main(["--help"])
     assert exc.value.code == 0
-    assert "demo" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    for command in ("train", "predict", "evaluate", "demo"):
+        assert re.search(rf"^\s+{command}\s", out, re.MULTILINE), out
+
+
+def test_train_help_exposes_the_estimator_options(capsys):
+    with pytest.raises(SystemExit) as exc:
+        main(["train", "--help"])
+    assert exc.value.code == 0
+    out = capsys.readouterr().out
+    for option in ("--template", "--kernel", "--n-inducing", "--optimizer",
+                   "--covariance", "--n-samples", "--decode", "--gradient",
+                   "--tol", "--max-iter", "--n-jobs", "--random-state",
+                   "--verbose", "--encoding", "-q"):
+        assert option in out, option
+    # --inference exists exactly when the estimator has the parameter.
+    has_inference = "inference" in GPStructClassifier().get_params()
+    assert ("--inference" in out) == has_inference
+    assert "lbfgs" in out  # the accepted optimisers, read from the estimator
+    assert "pickle" in out and "trust" in out
+
+
+def test_unexpected_error_exits_1_with_traceback(monkeypatch, capsys, tmp_path):
+    def broken(path, encoding):
+        raise RuntimeError("boom")
+
+    monkeypatch.setattr(cli, "_read_template", broken)
+    code = main(["train", "-t", "template", "train.data",
+                 str(tmp_path / "model.pkl")])
+    assert code == 1
+    err = capsys.readouterr().err
+    assert "Traceback" in err
+    assert "skgpstruct: error: unexpected RuntimeError: boom" in err
+
+
+# --------------------------------------------------------------------------- #
+# train, predict, evaluate on a small fold of CRF++'s basenp data
+
+
+@pytest.fixture(scope="module")
+def fold(shared_data_dir, tmp_path_factory):
+    """The first 40 training and 20 test sequences of basenp, as files."""
+    source = shared_data_dir / "crfpp" / "basenp"
+    directory = tmp_path_factory.mktemp("basenp_fold")
+    train_tokens, train_labels = read_conll(source / "train.data")
+    test_tokens, test_labels = read_conll(source / "test.data")
+    train_tokens, train_labels = train_tokens[:N_TRAIN], train_labels[:N_TRAIN]
+    test_tokens, test_labels = test_tokens[:N_TEST], test_labels[:N_TEST]
+    write_conll(directory / "train.data", train_tokens, train_labels)
+    write_conll(directory / "test.data", test_tokens, test_labels)
+    return SimpleNamespace(
+        dir=directory,
+        template=source / "template",
+        train=directory / "train.data",
+        test=directory / "test.data",
+        model=directory / "model.pkl",
+        n_train_tokens=sum(len(s) for s in train_labels),
+        test_tokens=test_tokens,
+        test_labels=test_labels,
+    )
+
+
+@pytest.fixture(scope="module")
+def trained(fold):
+    """``skgpstruct train`` on the fold's training file."""
+    result = _run("train", "--template", fold.template, "--max-iter", MAX_ITER,
+                  fold.train, fold.model)
+    assert result.returncode == 0, result.stderr
+    return result
+
+
+@pytest.fixture(scope="module")
+def predicted(fold, trained):
+    """``skgpstruct predict -o`` on the fold's test file, read back."""
+    out = fold.dir / "predicted.data"
+    result = _run("predict", fold.model, fold.test, "-o", out)
+    assert result.returncode == 0, result.stderr
+    tokens, labels = read_conll(out)
+    return SimpleNamespace(result=result, path=out, tokens=tokens, labels=labels)
+
+
+def _in_process_model(fold):
+    model = joblib.load(fold.model)
+    pipeline = model["pipeline"]
+    return pipeline[-1], pipeline[:-1].transform(fold.test_tokens)
+
+
+@needs_shared_data
+def test_train_reports_progress_and_saves_the_pipeline(fold, trained):
+    err = trained.stderr
+    assert f"{N_TRAIN} sequences, {fold.n_train_tokens} tokens, 3 columns" in err
+    assert re.search(r"^features: [1-9][0-9]* from 20 template lines", err,
+                     re.MULTILINE), err
+    assert re.search(r"^iteration\s+1\s+ELBO", err, re.MULTILINE), err
+    assert trained.stdout == ""  # progress goes to standard error
+
+    model = joblib.load(fold.model)
+    assert model["format"] == "skgpstruct-model"
+    assert model["skgpstruct_version"] == skgpstruct.__version__
+    assert model["encoding"] == "utf-8"
+    assert model["n_token_columns"] == 2
+    assert model["template"] == fold.template.read_text()
+    pipeline = model["pipeline"]
+    assert isinstance(pipeline, Pipeline)
+    assert [name for name, _ in pipeline.steps] == ["features", "gp"]
+    gp = pipeline[-1]
+    assert list(gp.classes_) == ["B", "I", "O"]
+    assert gp.max_iter == int(MAX_ITER) and gp.random_state == 0
+
+
+@needs_shared_data
+def test_predict_appends_the_predicted_column(fold, predicted):
+    assert predicted.result.stdout == ""
+    assert f"wrote {predicted.path}" in predicted.result.stderr
+    # token columns, gold label, predicted label; one block per sequence
+    assert len(predicted.tokens) == N_TEST
+    for rows, source, gold in zip(predicted.tokens, fold.test_tokens,
+                                  fold.test_labels, strict=True):
+        assert rows == [[*row, label] for row, label in
+                        zip(source, gold, strict=True)]
+    text = predicted.path.read_text()
+    assert text.count("\n\n") == N_TEST and text.endswith("\n\n")
+    assert all(len(line.split(" ")) == 4 for line in text.splitlines() if line)
+    assert {label for seq in predicted.labels for label in seq} <= {"B", "I", "O"}
+    # The labels are the model's, and far better than chance.
+    gp, X = _in_process_model(fold)
+    assert predicted.labels == [list(p) for p in gp.predict(X)]
+    assert token_accuracy(fold.test_labels, predicted.labels) > 0.8
+
+
+@needs_shared_data
+def test_predict_without_gold_reads_stdin_and_keeps_tabs(fold, predicted):
+    no_gold = "".join(
+        "".join(f"{word}\t{tag}\n" for word, tag in rows) + "\n"
+        for rows in fold.test_tokens
+    )
+    result = _run("predict", "-q", fold.model, "-", input=no_gold)
+    assert result.returncode == 0, result.stderr
+    assert result.stderr == ""  # -q
+    lines = [line for line in result.stdout.splitlines() if line]
+    assert all(line.count("\t") == 2 and " " not in line for line in lines)
+    tokens, labels = parse_conll(result.stdout)
+    assert tokens == fold.test_tokens  # no gold column: tokens, then prediction
+    assert labels == predicted.labels
+
+
+@needs_shared_data
+def test_predict_marginals_appends_probabilities(fold, predicted, tmp_path):
+    out = tmp_path / "marginals.data"
+    result = _run("predict", "--marginals", "-q", fold.model, fold.test, "-o", out)
+    assert result.returncode == 0, result.stderr
+    tokens, probabilities = read_conll(out)
+    assert [[row[:-1] for row in seq] for seq in tokens] == predicted.tokens
+    assert [[row[-1] for row in seq] for seq in tokens] == predicted.labels
+    values = [np.array(seq, dtype=float) for seq in probabilities]
+    assert all(np.all((v > 0) & (v <= 1)) for v in values)
+    gp, X = _in_process_model(fold)
+    for v, marginals, labels in zip(values, gp.predict_marginals(X),
+                                    predicted.labels, strict=True):
+        columns = np.searchsorted(gp.classes_, labels)
+        expected = marginals[np.arange(len(labels)), columns]
+        np.testing.assert_allclose(v, expected, rtol=1e-5)
+
+
+_REPORT = re.compile(
+    r"^token accuracy: (?P<token>[0-9.]+)% \((?P<correct_tokens>\d+) of "
+    r"(?P<tokens>\d+) tokens\)\n"
+    r"processed (?P=tokens) tokens with (?P<phrases>\d+) phrases; found: "
+    r"(?P<found>\d+) phrases; correct: (?P<correct>\d+)\.\n"
+    r"accuracy: +(?P<accuracy>[0-9.]+)%; precision: +(?P<precision>[0-9.]+)%; "
+    r"recall: +(?P<recall>[0-9.]+)%; FB1: +(?P<f1>[0-9.]+)\n"
+    r"(?P<types>(?: *\S+: precision: .*\n)+)$"
+)
+_TYPE_LINE = re.compile(
+    r"^ *(\S+): precision: +([0-9.]+)%; recall: +([0-9.]+)%; FB1: +([0-9.]+)"
+    r"  (\d+)$", re.MULTILINE,
+)
+
+
+@needs_shared_data
+def test_evaluate_prints_conlleval_figures_that_match_metrics(fold, predicted):
+    result = _run("evaluate", fold.model, fold.test)
+    assert result.returncode == 0, result.stderr
+    match = _REPORT.match(result.stdout)
+    assert match, result.stdout
+    figures = match.groupdict()
+
+    gold = [[row[-1] for row in seq] for seq in predicted.tokens]
+    guess = predicted.labels
+    n_tokens = sum(len(s) for s in gold)
+    accuracy = token_accuracy(gold, guess)
+    precision, recall, f1, support = chunk_precision_recall_fscore_support(
+        gold, guess)
+    found = classification_report(gold, guess, output_dict=True)["micro avg"][
+        "predicted"]
+    assert int(figures["tokens"]) == n_tokens
+    assert int(figures["correct_tokens"]) == round(accuracy * n_tokens)
+    assert int(figures["phrases"]) == support
+    assert int(figures["found"]) == found
+    assert int(figures["correct"]) == round(precision * found)
+    for name, value in [("token", accuracy), ("accuracy", accuracy),
+                        ("precision", precision), ("recall", recall),
+                        ("f1", f1)]:
+        assert float(figures[name]) == pytest.approx(100 * value, abs=0.005), name
+
+    # basenp's chunks are untyped ("B", "I"): one type line.
+    p, r, f, _, types = chunk_precision_recall_fscore_support(
+        gold, guess, average=None)
+    lines = _TYPE_LINE.findall(figures["types"])
+    assert [name for name, *_ in lines] == [
+        "(untyped)" if t == "" else t for t in types]
+    for (_, *values, n_found), expected in zip(lines, zip(p, r, f, strict=True),
+                                               strict=True):
+        np.testing.assert_allclose([float(v) for v in values],
+                                   100 * np.array(expected), atol=0.005)
+        assert int(n_found) == found
+
+
+@needs_shared_data
+def test_model_keeps_the_training_encoding(shared_data_dir, tmp_path):
+    source = shared_data_dir / "crfpp" / "JapaneseNE"
+    # The first 10 sequences of the EUC-JP encoded file, bytes untouched.
+    data = tmp_path / "ne.data"
+    data.write_bytes(b"\n\n".join(
+        (source / "train.data").read_bytes().split(b"\n\n")[:10]) + b"\n\n")
+    model = tmp_path / "ne.pkl"
+
+    utf8 = _run("train", "-q", "-t", source / "template", data, model)
+    assert utf8.returncode == 2
+    assert "cannot decode" in utf8.stderr and "euc-jp" in utf8.stderr
+
+    result = _run("train", "-q", "-t", source / "template", "--encoding",
+                  "euc-jp", "--max-iter", "2", data, model)
+    assert result.returncode == 0, result.stderr
+    # predict reads and writes EUC-JP without being told.
+    result = _run("predict", "-q", model, data, text=False)
+    assert result.returncode == 0, result.stderr
+    tokens, labels = read_conll(data, encoding="euc-jp")
+    out_tokens, _ = parse_conll(result.stdout.decode("euc-jp"))
+    assert out_tokens == [[[*row, label] for row, label in
+                           zip(seq, seq_labels, strict=True)]
+                          for seq, seq_labels in zip(tokens, labels, strict=True)]
+
+
+@needs_shared_data
+def test_quiet_train_prints_nothing(fold, tmp_path):
+    model = tmp_path / "model.pkl"
+    result = _run("train", "-q", "-t", fold.template, "--max-iter", "2",
+                  fold.train, model)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == "" and result.stderr == ""
+    assert joblib.load(model)["pipeline"][-1].verbose == 0
+
+
+# --------------------------------------------------------------------------- #
+# errors: a message naming what is wrong, exit code 2
+
+
+def _other_version_model(fold, directory):
+    model = joblib.load(fold.model)
+    model["skgpstruct_version"] = "0.0.1"
+    path = directory / "old.pkl"
+    joblib.dump(model, path)
+    return path
+
+
+def _moved_class_model(fold, directory):
+    """A model of another version whose pipeline no longer unpickles."""
+    data = _other_version_model(fold, directory).read_bytes()
+    path = directory / "moved.pkl"
+    path.write_bytes(data.replace(b"sklearn.pipeline", b"sklearn.pipelinX"))
+    return path
+
+
+def _pickled(value, directory):
+    path = directory / "other.pkl"
+    path.write_bytes(pickle.dumps(value))
+    return path
+
+
+def _bad_template(directory):
+    path = directory / "bad.template"
+    path.write_text("# comment\nU00:%x[0,0]\nX01:%x[0,1]\n")
+    return path
+
+
+def _undecodable(directory):
+    path = directory / "latin1.data"
+    path.write_bytes("Caf\xe9 NN B\n".encode("latin-1"))
+    return path
+
+
+def _one_column(directory):
+    path = directory / "one.data"
+    path.write_text("word\nother\n")
+    return path
+
+
+_ERRORS = {
+    "missing train file": (
+        lambda f, d: ["train", "-t", f.template, d / "nope.data", d / "m.pkl"],
+        ["cannot read data file", "nope.data", "No such file"],
+    ),
+    "missing template": (
+        lambda f, d: ["train", "-t", d / "nope.tpl", f.train, d / "m.pkl"],
+        ["cannot read template file", "nope.tpl"],
+    ),
+    "bad template line": (
+        lambda f, d: ["train", "-t", _bad_template(d), f.train, d / "m.pkl"],
+        ["bad.template", "template line 3", "X01:%x[0,1]"],
+    ),
+    "unknown encoding": (
+        lambda f, d: ["train", "-t", f.template, "--encoding", "no-such-codec",
+                      f.train, d / "m.pkl"],
+        ["unknown encoding 'no-such-codec'"],
+    ),
+    "undecodable file": (
+        lambda f, d: ["train", "-t", f.template, _undecodable(d), d / "m.pkl"],
+        ["latin1.data, line 1", "cannot decode", "'utf-8'"],
+    ),
+    "unknown optimizer": (
+        lambda f, d: ["train", "-t", f.template, "--optimizer", "adam", f.train,
+                      d / "m.pkl"],
+        ["optimizer must be one of", "lbfgs", "'adam'"],
+    ),
+    "missing model directory": (
+        lambda f, d: ["train", "-t", f.template, f.train, d / "no" / "m.pkl"],
+        ["cannot write model file", "does not exist"],
+    ),
+    "missing model file": (
+        lambda f, d: ["predict", d / "nope.pkl", f.test],
+        ["cannot read model file", "nope.pkl"],
+    ),
+    "data file as model": (
+        lambda f, d: ["predict", f.train, f.test],
+        ["is not a skgpstruct model file"],
+    ),
+    "pickle of another object": (
+        lambda f, d: ["predict", _pickled({"a": 1}, d), f.test],
+        ["is not a skgpstruct model file", "'format'"],
+    ),
+    "model of another version": (
+        lambda f, d: ["evaluate", _other_version_model(f, d), f.test],
+        ["skgpstruct 0.0.1", f"installed version is {skgpstruct.__version__}"],
+    ),
+    "unloadable model of another version": (
+        lambda f, d: ["predict", _moved_class_model(f, d), f.test],
+        ["skgpstruct 0.0.1", f"installed version is {skgpstruct.__version__}"],
+    ),
+    "wrong number of columns": (
+        lambda f, d: ["predict", f.model, _one_column(d)],
+        ["one.data has 1 columns per token", "give 2 columns", "or 3"],
+    ),
+}
+
+
+@needs_shared_data
+@pytest.mark.parametrize("case", list(_ERRORS))
+def test_bad_input_exits_2_with_a_message(case, fold, trained, tmp_path):
+    make_args, fragments = _ERRORS[case]
+    result = _run(*make_args(fold, tmp_path))
+    assert result.returncode == 2, (result.stdout, result.stderr)
+    assert "Traceback" not in result.stderr
+    assert "error: " in result.stderr
+    for fragment in fragments:
+        assert fragment in result.stderr, (fragment, result.stderr)
+    assert not (tmp_path / "m.pkl").exists()
+
+
+@needs_shared_data
+def test_evaluate_needs_a_gold_column(fold, trained, tmp_path):
+    no_gold = tmp_path / "no_gold.data"
+    write_conll(no_gold, [[row[:1] for row in seq] for seq in fold.test_tokens],
+                [[row[1] for row in seq] for seq in fold.test_tokens])
+    result = _run("evaluate", "-q", fold.model, no_gold)
+    assert result.returncode == 2
+    assert result.stderr.startswith("skgpstruct: error: ")
+    assert "no gold label column" in result.stderr

@@ -1,0 +1,292 @@
+"""GP-ESS (the original GPstruct sampler) on the Table 1 protocol.
+
+BENCHMARK.md section 1 on the CRF++ data sets (basenp, chunking, seg,
+JapaneseNE): for every fold, the set's CRF++ template features (vocabulary
+fitted on the training fold), elliptical slice sampling of the joint
+posterior of all training unaries and the pairwise potentials under the full
+GP prior (:func:`skgpstruct.inference.ess.sample_posterior`), and
+GPstruct's prediction: for every kept sample the test unaries are the GP
+conditional mean ``K_*X K^{-1} f``, forward-backward marginals are averaged
+over the samples, and each token takes its max-marginal label.
+
+Hyperparameters are fixed, as in GPstruct's experiments (pygpstruct's
+``lhp_init``): the linear kernel ``k(x, x') = x . x'`` on the binary
+template features (variance 1, no bias) and pairwise prior variance 0.01.
+GPstruct ran 250,000 iterations; ``--n-iter`` sets a budget that fits in
+minutes.
+
+Printed: token error % per fold and mean (std over folds, ddof=1) beside the
+paper's GP-ESS row, the fit time (Gram matrix, Cholesky factor and
+sampling) and prediction time, and the error as a function of the number of
+iterations: at checkpoints ``c`` the marginals averaged over the kept
+samples of iterations ``(burn_in_fraction * c, c]`` (the final checkpoint is
+the reported error), and the error of the single sample at ``c``.
+
+Examples
+--------
+One fold of basenp (about two minutes on a busy two-core machine)::
+
+    python benchmarks/bench_ess.py --datasets basenp --folds 0
+
+Section 1, all four data sets::
+
+    python benchmarks/bench_ess.py --out results/ess.json
+"""
+
+import argparse
+import json
+import sys
+
+import numpy as np
+from _common import (
+    DATASETS,
+    DEFAULT_DATA_DIR,
+    Stopwatch,
+    check_data_dir,
+    command_line,
+    environment,
+    fold_split,
+    format_mean_std,
+    load_pool,
+    markdown_table,
+    read_folds,
+    take,
+    template_features,
+    token_error,
+)
+
+from skgpstruct._sequences import stack_sequences
+from skgpstruct.inference.ess import sample_posterior
+from skgpstruct.kernels import LinearKernel
+
+#: The paper's GP-ESS column of Table 1 (quoted, not measured here).
+QUOTED_PAPER_GP_ESS = {
+    "basenp": "4.81 (0.47)",
+    "chunking": "8.77 (1.08)",
+    "seg": "14.88 (1.80)",
+    "JapaneseNE": "5.83 (0.83)",
+}
+#: BENCHMARK.md's CRF row measured with today's libraries (quoted).
+QUOTED_MEASURED_CRF = {
+    "basenp": "4.18 (0.40)",
+    "chunking": "8.26 (1.17)",
+    "seg": "12.80 (2.85)",
+    "JapaneseNE": "5.61 (0.81)",
+}
+#: Fractions of ``--n-iter`` at which the error-vs-iterations curve is read.
+CHECKPOINTS = (1 / 64, 1 / 32, 1 / 16, 1 / 8, 1 / 4, 1 / 2, 3 / 4, 1)
+
+
+def build_parser():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument(
+        "--datasets", nargs="+", choices=list(DATASETS), default=list(DATASETS),
+        metavar="NAME",
+        help=f"data sets to run, among {', '.join(DATASETS)} (default: all)",
+    )
+    parser.add_argument(
+        "--folds", nargs="+", type=int, choices=range(5), default=list(range(5)),
+        metavar="K", help="folds to run, among 0..4 (default: all five)",
+    )
+    parser.add_argument(
+        "--data", default=str(DEFAULT_DATA_DIR), metavar="DIR",
+        help="directory holding crfpp/ and gpstruct-splits/",
+    )
+    parser.add_argument("--out", metavar="FILE", help="also write the results as JSON")
+    parser.add_argument(
+        "--n-iter", type=int, default=10000, metavar="N",
+        help="ESS iterations per fold (default: 10000, one to two minutes on "
+        "basenp; GPstruct ran 250,000)",
+    )
+    parser.add_argument(
+        "--burn-in", type=float, default=0.25, metavar="FRACTION",
+        help="fraction of the iterations discarded (default: 0.25)",
+    )
+    parser.add_argument(
+        "--n-kept", type=int, default=200, metavar="S",
+        help="samples kept over the whole run, evenly spaced (default: 200)",
+    )
+    parser.add_argument(
+        "--kernel-variance", type=float, default=1.0, metavar="V",
+        help="variance of the linear kernel x . x' (default: 1, GPstruct's)",
+    )
+    parser.add_argument(
+        "--pairwise-prior-variance", type=float, default=0.01, metavar="V",
+        help="prior variance of the pairwise potentials (default: 0.01, "
+        "GPstruct's)",
+    )
+    parser.add_argument("--random-state", type=int, default=0, metavar="SEED")
+    parser.add_argument(
+        "-v", "--verbose", action="store_true", help="print the sampler's progress"
+    )
+    return parser
+
+
+def run_fold(dataset, pool, folds, k, args):
+    tokens, labels, template = pool
+    train, test = fold_split(folds, k, dataset.n_train)
+    y_train, y_test = take(labels, train), take(labels, test)
+    X_train, X_test, names, _ = template_features(
+        template, take(tokens, train), take(tokens, test)
+    )
+    classes, train_index = np.unique(
+        np.concatenate([np.asarray(s) for s in y_train]), return_inverse=True
+    )
+    X_tr, offsets_tr = stack_sequences(X_train)
+    X_te, offsets_te = stack_sequences(X_test)
+    n_tokens = X_tr.shape[0]
+    print(
+        f"{dataset.name} fold {k}: {len(train)} training sequences ({n_tokens} "
+        f"tokens), {len(test)} test ({X_te.shape[0]} tokens), {len(names)} "
+        f"features, {len(classes)} labels",
+        flush=True,
+    )
+    # Keep samples from the start so that the curve can be read at every
+    # checkpoint; the reported error discards the burn-in fraction.
+    thin = max(1, args.n_iter // args.n_kept)
+    kernel = LinearKernel(
+        variance=args.kernel_variance, bias=0.0, bias_bounds="fixed",
+        variance_bounds="fixed",
+    )
+    with Stopwatch() as fit:
+        posterior = sample_posterior(
+            X_tr, offsets_tr, train_index, kernel, len(classes),
+            pairwise_prior_variance=args.pairwise_prior_variance,
+            n_iter=args.n_iter, burn_in=0, thin=thin,
+            random_state=args.random_state, verbose=int(args.verbose),
+        )
+    with Stopwatch() as predict:
+        marginals = posterior.sample_marginals(X_te, offsets_te)  # (S, n, V)
+    iterations = posterior.sample_iterations
+
+    def error_of(mean_marginals):
+        pred = classes[np.argmax(mean_marginals, axis=1)]
+        pieces = np.split(pred, offsets_te[1:-1])
+        return token_error(y_test, pieces)
+
+    curve = []
+    for fraction in CHECKPOINTS:
+        c = int(round(fraction * args.n_iter))
+        window = (iterations > args.burn_in * c) & (iterations <= c)
+        if not window.any():
+            continue
+        last = np.flatnonzero(iterations <= c)[-1]
+        curve.append({
+            "iteration": c,
+            "n_samples": int(window.sum()),
+            "error_average": error_of(marginals[window].mean(axis=0)),
+            "error_single": error_of(marginals[last]),
+            "log_likelihood": float(posterior.log_likelihood_trace[c - 1]),
+        })
+    result = {
+        "dataset": dataset.name,
+        "fold": k,
+        "n_train_tokens": int(n_tokens),
+        "n_test_tokens": int(X_te.shape[0]),
+        "n_features": int(len(names)),
+        "error": curve[-1]["error_average"],
+        "fit_time": fit.seconds,
+        "predict_time": predict.seconds,
+        "jitter": posterior.jitter,
+        "evaluations_per_iteration": float(posterior.n_evaluations.mean()),
+        "curve": curve,
+    }
+    print(
+        f"  ESS  error {result['error']:6.2f} %   fit {fit.seconds:7.2f} s   "
+        f"predict {predict.seconds:6.2f} s   "
+        f"({result['evaluations_per_iteration']:.2f} likelihood evaluations "
+        f"per iteration, jitter {posterior.jitter:.3g})",
+        flush=True,
+    )
+    return result
+
+
+def main(argv=None):
+    args = build_parser().parse_args(argv)
+    if not 0.0 <= args.burn_in < 1.0:
+        sys.exit(f"--burn-in must be a fraction in [0, 1), got {args.burn_in}")
+    if args.n_iter < 1 or args.n_kept < 1:
+        sys.exit("--n-iter and --n-kept must be positive")
+    data_dir = check_data_dir(args.data)
+    env = environment()
+    print(f"command: {command_line()}")
+    print("environment: " + ", ".join(f"{k} {v}" for k, v in env.items()))
+    print(
+        f"ESS: {args.n_iter} iterations, burn-in {args.burn_in:g} of them, "
+        f"about {args.n_kept} samples kept; linear kernel x.x' with variance "
+        f"{args.kernel_variance:g}, pairwise prior variance "
+        f"{args.pairwise_prior_variance:g} (fixed); seed {args.random_state}"
+    )
+    print()
+
+    results = {}
+    for name in args.datasets:
+        dataset = DATASETS[name]
+        pool = load_pool(data_dir, dataset)
+        folds = read_folds(data_dir, dataset)
+        results[name] = [run_fold(dataset, pool, folds, k, args) for k in args.folds]
+        print()
+
+    rows = []
+    for name, folds in results.items():
+        for r in folds:
+            rows.append([
+                name, str(r["fold"]), f"{r['error']:.2f}", f"{r['fit_time']:.1f} s",
+                f"{r['predict_time']:.1f} s", "", "",
+            ])
+        rows.append([
+            f"**{name}**", f"mean ({len(folds)})",
+            format_mean_std([r["error"] for r in folds]),
+            format_mean_std([r["fit_time"] for r in folds], digits=1, unit=" s"),
+            format_mean_std([r["predict_time"] for r in folds], digits=1, unit=" s"),
+            QUOTED_PAPER_GP_ESS[name], QUOTED_MEASURED_CRF[name],
+        ])
+    print("## GP-ESS, measured (mean (std over folds, ddof=1))")
+    print()
+    print(markdown_table(
+        ["data set", "fold", "error %", "fit", "predict",
+         "paper GP-ESS (quoted)", "CRF (BENCHMARK.md, quoted)"],
+        rows,
+    ))
+    print()
+    print("## Error % against iterations (running average; single sample)")
+    print()
+    for name, folds in results.items():
+        checkpoints = [p["iteration"] for p in folds[0]["curve"]]
+        curve_rows = []
+        for i, c in enumerate(checkpoints):
+            points = [r["curve"][i] for r in folds]
+            curve_rows.append([
+                str(c),
+                format_mean_std([p["error_average"] for p in points]),
+                format_mean_std([p["error_single"] for p in points]),
+                format_mean_std([p["log_likelihood"] for p in points], digits=1),
+            ])
+        print(f"{name} (folds {', '.join(str(r['fold']) for r in folds)})")
+        print()
+        print(markdown_table(
+            ["iteration", "averaged marginals", "single sample",
+             "training log-likelihood"],
+            curve_rows,
+        ))
+        print()
+    print(f"command: {command_line()}")
+    if args.out:
+        with open(args.out, "w", encoding="utf-8") as handle:
+            json.dump(
+                {"command": command_line(), "environment": env,
+                 "options": vars(args), "results": results},
+                handle, indent=2, default=_json_default,
+            )
+        print(f"results written to {args.out}")
+    return 0
+
+
+def _json_default(value):
+    if isinstance(value, np.generic):
+        return value.item()
+    raise TypeError(f"cannot serialise {type(value).__name__}")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

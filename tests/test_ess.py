@@ -1,0 +1,360 @@
+"""Tests of the GPstruct elliptical slice sampler (skgpstruct.inference.ess).
+
+Invariance is checked against answers computed without the sampler: the
+exact posterior of a Gaussian likelihood for the bare ESS update, and
+self-normalised importance sampling from the prior for the chain
+likelihood. Monte Carlo tolerances are stated in standard errors: the
+sampler's from batch means of the chain, the reference's from its own
+estimator.
+"""
+
+import math
+
+import numpy as np
+import pytest
+
+from skgpstruct import chain
+from skgpstruct._sequences import stack_sequences
+from skgpstruct.datasets import make_sequences
+from skgpstruct.inference import ess
+from skgpstruct.inference.ess import (
+    ESSPosterior,
+    elliptical_slice,
+    ess_memory_bytes,
+    sample_posterior,
+)
+from skgpstruct.kernels import LinearKernel, RBFKernel
+
+# A tolerance of Z_TOL combined standard errors. With a few dozen compared
+# quantities, a correct sampler exceeds it with probability below 1e-4; a
+# sampler that ignored the likelihood misses by far more (checked below).
+Z_TOL = 5.0
+
+
+def batch_means_se(draws, n_batches=50):
+    """Standard error of the mean of a correlated chain (batch means)."""
+    draws = np.asarray(draws)
+    n = (draws.shape[0] // n_batches) * n_batches
+    means = draws[:n].reshape(n_batches, -1, *draws.shape[1:]).mean(axis=1)
+    return means.std(axis=0, ddof=1) / math.sqrt(n_batches)
+
+
+def tiny_problem():
+    """Two sequences of two tokens, two labels, 1-D inputs, RBF kernel."""
+    X = np.array([[-1.0], [-0.4], [0.3], [1.1]])
+    offsets = np.array([0, 2, 4], dtype=np.int64)
+    labels = np.array([0, 0, 1, 0], dtype=np.int64)
+    kernel = RBFKernel(variance=1.0, length_scale=1.0)
+    return X, offsets, labels, kernel
+
+
+# --------------------------------------------------------------------------
+# invariance
+
+
+def test_elliptical_slice_matches_gaussian_posterior():
+    # Prior N(0, Sigma), likelihood N(y; f, R): the posterior is Gaussian
+    # with known mean and covariance.
+    sigma = np.array([[1.0, 0.8], [0.8, 1.0]])
+    noise = np.array([0.3, 2.0])
+    y = np.array([1.0, -0.5])
+    post_cov = np.linalg.inv(np.linalg.inv(sigma) + np.diag(1.0 / noise))
+    post_mean = post_cov @ (y / noise)
+
+    def log_likelihood(f):
+        return -0.5 * float(np.sum((y - f) ** 2 / noise))
+
+    rng = np.random.default_rng(0)
+    root = np.linalg.cholesky(sigma)
+    f = np.zeros(2)
+    current = log_likelihood(f)
+    n_iter, burn_in = 20000, 500
+    draws = np.empty((n_iter, 2))
+    for i in range(n_iter):
+        f, current, _ = elliptical_slice(
+            f, root @ rng.standard_normal(2), log_likelihood, current, rng
+        )
+        assert current == log_likelihood(f)
+        draws[i] = f
+    draws = draws[burn_in:]
+    centred = draws - post_mean
+    products = np.stack(
+        [centred[:, 0] ** 2, centred[:, 1] ** 2, centred[:, 0] * centred[:, 1]],
+        axis=1,
+    )
+    exact_cov = np.array([post_cov[0, 0], post_cov[1, 1], post_cov[0, 1]])
+    np.testing.assert_array_less(
+        np.abs(draws.mean(axis=0) - post_mean), Z_TOL * batch_means_se(draws)
+    )
+    np.testing.assert_array_less(
+        np.abs(products.mean(axis=0) - exact_cov), Z_TOL * batch_means_se(products)
+    )
+
+
+def importance_sampling_reference(X, offsets, labels, kernel, sigma2, n_draws, seed):
+    """Posterior moments of (unary, pairwise) by importance sampling from the
+    prior: weights p(y | f), self-normalised; returns means and standard
+    errors of the first and second moments, flattened."""
+    rng = np.random.default_rng(seed)
+    N, V = X.shape[0], 2
+    K = kernel(X)
+    unary = rng.multivariate_normal(np.zeros(N), K, size=(n_draws, V))
+    unary = unary.transpose(0, 2, 1)  # (draws, N, V)
+    pairwise = math.sqrt(sigma2) * rng.standard_normal((n_draws, V, V))
+    loglik = chain.log_likelihood(unary, pairwise, offsets, labels).sum(axis=1)
+    w = np.exp(loglik - loglik.max())
+    w /= w.sum()
+    theta = np.concatenate(
+        [unary.reshape(n_draws, -1), pairwise.reshape(n_draws, -1)], axis=1
+    )
+    stats = np.concatenate([theta, theta**2], axis=1)
+    mean = w @ stats
+    # Delta-method variance of a self-normalised importance sampling estimate.
+    se = np.sqrt((w**2) @ (stats - mean) ** 2)
+    return mean, se, 1.0 / np.sum(w**2)
+
+
+def test_ess_leaves_chain_posterior_invariant():
+    X, offsets, labels, kernel = tiny_problem()
+    sigma2 = 1.0
+    ref_mean, ref_se, n_effective = importance_sampling_reference(
+        X, offsets, labels, kernel, sigma2, n_draws=200_000, seed=1
+    )
+    assert n_effective > 10_000  # the reference itself is precise
+
+    posterior = sample_posterior(
+        X, offsets, labels, kernel, 2, pairwise_prior_variance=sigma2,
+        n_iter=30_000, burn_in=1000, thin=1, random_state=2,
+    )
+    S = posterior.n_samples
+    theta = np.concatenate(
+        [posterior.unary_samples.reshape(S, -1),
+         posterior.pairwise_samples.reshape(S, -1)], axis=1,
+    )
+    stats = np.concatenate([theta, theta**2], axis=1)
+    se = np.sqrt(batch_means_se(stats) ** 2 + ref_se**2)
+    np.testing.assert_array_less(np.abs(stats.mean(axis=0) - ref_mean), Z_TOL * se)
+
+    # The check has power: the posterior is far from the prior (mean 0,
+    # second moment 1 for every coordinate) in units of the tolerance.
+    n_theta = theta.shape[1]
+    prior = np.concatenate([np.zeros(n_theta), np.ones(n_theta)])
+    assert np.max(np.abs(ref_mean - prior) / se) > 4 * Z_TOL
+
+
+# --------------------------------------------------------------------------
+# reproducibility
+
+
+def run_small(seed, **kwargs):
+    X, offsets, labels, kernel = tiny_problem()
+    params = dict(n_iter=300, burn_in=100, thin=5, random_state=seed)
+    params.update(kwargs)
+    return sample_posterior(X, offsets, labels, kernel, 2, **params)
+
+
+def test_same_seed_same_chain_and_different_seed_different_chain():
+    a, b, c = run_small(0), run_small(0), run_small(1)
+    np.testing.assert_array_equal(a.unary_samples, b.unary_samples)
+    np.testing.assert_array_equal(a.pairwise_samples, b.pairwise_samples)
+    np.testing.assert_array_equal(a.log_likelihood_trace, b.log_likelihood_trace)
+    assert not np.array_equal(a.unary_samples, c.unary_samples)
+    # A Generator seed works too and gives the chain of its integer seed.
+    d = run_small(np.random.default_rng(0))
+    np.testing.assert_array_equal(a.unary_samples, d.unary_samples)
+
+
+def test_chain_does_not_depend_on_draw_block_size(monkeypatch):
+    reference = run_small(3)
+    monkeypatch.setattr(ess, "_DRAW_BLOCK", 7)
+    np.testing.assert_array_equal(reference.unary_samples, run_small(3).unary_samples)
+
+
+# --------------------------------------------------------------------------
+# memory guard, parameters
+
+
+class ForbiddenKernel(RBFKernel):
+    """A kernel that fails the test if a Gram matrix is requested."""
+
+    def _call(self, X, Y):
+        raise AssertionError("the Gram matrix was built before the memory check")
+
+
+def test_memory_guard_refuses_before_allocating():
+    rng = np.random.default_rng(0)
+    X = rng.standard_normal((500, 3))
+    offsets = np.array([0, 250, 500], dtype=np.int64)
+    labels = rng.integers(0, 2, 500)
+    gram, other = ess_memory_bytes(500, 2, 10)
+    assert gram == 2 * 8 * 500**2
+    with pytest.raises(ValueError) as info:
+        sample_posterior(
+            X, offsets, labels, ForbiddenKernel(), 2, n_iter=20, burn_in=10,
+            memory_limit=gram + other - 1,
+        )
+    message = str(info.value)
+    assert "N = 500" in message
+    assert "inference='variational'" in message
+    assert "MiB" in message
+    # At the limit it runs (and then needs the kernel).
+    with pytest.raises(AssertionError, match="before the memory check"):
+        sample_posterior(
+            X, offsets, labels, ForbiddenKernel(), 2, n_iter=20, burn_in=10,
+            memory_limit=gram + other,
+        )
+
+
+def test_default_limit_refuses_a_large_training_set():
+    # 30,000 tokens: 14.4 GB of Gram matrix and factor, over 4 GiB.
+    X = np.zeros((30_000, 1))
+    offsets = np.array([0, 30_000], dtype=np.int64)
+    with pytest.raises(ValueError, match="N = 30000"):
+        sample_posterior(X, offsets, np.zeros(30_000, dtype=np.int64),
+                         ForbiddenKernel(), 3)
+
+
+@pytest.mark.parametrize(
+    "n_iter, burn_in, thin, expected",
+    [(50, 10, 3, list(range(13, 50, 3))), (10, None, 1, [6, 7, 8, 9, 10]),
+     (10, 0, 10, [10]), (7, 6, 1, [7])],
+)
+def test_burn_in_and_thinning_keep_the_right_samples(n_iter, burn_in, thin, expected):
+    posterior = run_small(0, n_iter=n_iter, burn_in=burn_in, thin=thin)
+    np.testing.assert_array_equal(posterior.sample_iterations, expected)
+    assert posterior.n_samples == len(expected)
+    assert posterior.unary_samples.shape == (len(expected), 4, 2)
+    assert posterior.pairwise_samples.shape == (len(expected), 2, 2)
+    assert posterior.log_likelihood_trace.shape == (n_iter,)
+    # The trace records the log-likelihood of the kept states.
+    X, offsets, labels, _ = tiny_problem()
+    loglik = chain.log_likelihood(
+        posterior.unary_samples, posterior.pairwise_samples, offsets, labels
+    ).sum(axis=1)
+    np.testing.assert_allclose(
+        loglik, posterior.log_likelihood_trace[posterior.sample_iterations - 1]
+    )
+
+
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        (dict(n_iter=0), "n_iter must be an integer >= 1"),
+        (dict(n_iter=10, burn_in=10), "no sample would be kept"),
+        (dict(n_iter=10, burn_in=5, thin=6), "no sample would be kept"),
+        (dict(thin=0), "thin must be"),
+        (dict(n_iter=2.5), "n_iter must be an integer"),
+        (dict(pairwise_prior_variance=0.0), "pairwise_prior_variance"),
+    ],
+)
+def test_invalid_parameters(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        run_small(0, **kwargs)
+
+
+def test_invalid_labels_and_offsets():
+    X, offsets, labels, kernel = tiny_problem()
+    with pytest.raises(ValueError, match=r"labels must lie in \[0, 2\)"):
+        sample_posterior(X, offsets, labels + 1, kernel, 2, n_iter=4)
+    with pytest.raises(ValueError, match="offsets"):
+        sample_posterior(X, np.array([0, 3]), labels, kernel, 2, n_iter=4)
+
+
+def test_verbose_prints_progress(capsys):
+    run_small(0, n_iter=40, burn_in=0, verbose=1)
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == 20
+    assert lines[-1].startswith("ESS iteration      40  log-likelihood")
+    assert lines[-1].endswith(" s")
+    run_small(0, n_iter=5, burn_in=0, verbose=2)
+    assert len(capsys.readouterr().out.splitlines()) == 5
+
+
+# --------------------------------------------------------------------------
+# prediction
+
+
+def test_prediction_shapes_and_consistency():
+    X, offsets, labels, kernel = tiny_problem()
+    posterior = run_small(0, n_iter=200, burn_in=100, thin=10)
+    assert isinstance(posterior, ESSPosterior)
+    S = posterior.n_samples
+    X_test = np.array([[-0.9], [0.0], [0.2], [5.0], [6.0]])
+    test_offsets = np.array([0, 3, 3, 5], dtype=np.int64)  # one empty sequence
+
+    unary = posterior.predict_unary(X_test)
+    assert unary.shape == (S, 5, 2)
+    np.testing.assert_allclose(posterior.mean_unary(X_test), unary.mean(axis=0))
+    # At the training tokens the conditional mean returns the samples.
+    np.testing.assert_allclose(
+        posterior.predict_unary(X), posterior.unary_samples, atol=1e-8
+    )
+
+    per_sample = posterior.sample_marginals(X_test, test_offsets)
+    assert per_sample.shape == (S, 5, 2)
+    marginals = posterior.predict_marginals(X_test, test_offsets)
+    assert marginals.shape == (5, 2)
+    np.testing.assert_allclose(marginals.sum(axis=1), 1.0)
+    np.testing.assert_allclose(marginals, per_sample.mean(axis=0))
+    np.testing.assert_allclose(posterior.pairwise_mean,
+                               posterior.pairwise_samples.mean(axis=0))
+
+    with pytest.raises(ValueError, match="conditional must be"):
+        posterior.predict_unary(X_test, conditional="median")
+    with pytest.raises(ValueError, match="X must have shape"):
+        posterior.predict_unary(np.zeros((2, 3)))
+
+
+def test_conditional_samples():
+    X, offsets, labels, kernel = tiny_problem()
+    posterior = run_small(0, n_iter=600, burn_in=100, thin=1)
+    # At the training tokens the conditional variance is zero.
+    drawn = posterior.predict_unary(X, conditional="sample", random_state=0)
+    np.testing.assert_allclose(drawn, posterior.unary_samples, atol=1e-4)
+    # Far from them (RBF), f_* | f is the prior N(0, 1), independent of f.
+    far = np.array([[20.0], [20.5], [40.0]])
+    far_offsets = np.array([0, 2, 3], dtype=np.int64)
+    a = posterior.predict_unary(far, offsets=far_offsets, conditional="sample",
+                                random_state=5)
+    b = posterior.predict_unary(far, offsets=far_offsets, conditional="sample",
+                                random_state=5)
+    np.testing.assert_array_equal(a, b)
+    n = a.shape[0] * a.shape[2]  # 1000 draws per token
+    assert np.all(np.abs(a.mean(axis=(0, 2))) < 5 / math.sqrt(n))
+    assert np.all(np.abs(a.var(axis=(0, 2)) - 1.0) < 5 * math.sqrt(2 / n))
+    # Tokens of one sequence are drawn jointly: k(20, 20.5) = exp(-1/8).
+    corr = np.corrcoef(a[:, 0].ravel(), a[:, 1].ravel())[0, 1]
+    assert abs(corr - math.exp(-0.125)) < 0.05
+    marginals = posterior.predict_marginals(
+        far, far_offsets, conditional="sample", random_state=0
+    )
+    np.testing.assert_allclose(marginals.sum(axis=1), 1.0)
+
+
+def test_sparse_features_with_linear_kernel():
+    X, y = make_sequences(n_sequences=12, sparse=True, random_state=0)
+    X_all, offsets = stack_sequences(X)
+    labels = np.concatenate(y).astype(np.int64)
+    kernel = LinearKernel(variance=0.1)
+    posterior = sample_posterior(
+        X_all, offsets, labels, kernel, 3, n_iter=50, random_state=0
+    )
+    marginals = posterior.predict_marginals(X_all, offsets)
+    np.testing.assert_allclose(marginals.sum(axis=1), 1.0)
+
+
+def test_predicts_well_above_chance_on_synthetic_data():
+    X, y = make_sequences(n_sequences=60, random_state=0)
+    X_train, offsets = stack_sequences(X[:40])
+    X_test, test_offsets = stack_sequences(X[40:])
+    labels = np.concatenate(y[:40]).astype(np.int64)
+    truth = np.concatenate(y[40:])
+    posterior = sample_posterior(
+        X_train, offsets, labels, RBFKernel(), 3, n_iter=1000, burn_in=300,
+        thin=10, random_state=0,
+    )
+    marginals = posterior.predict_marginals(X_test, test_offsets)
+    accuracy = np.mean(np.argmax(marginals, axis=1) == truth)
+    majority = np.max(np.bincount(truth)) / truth.size
+    assert majority < 0.45
+    assert accuracy > 0.85

@@ -1,0 +1,425 @@
+"""Likelihoods: piecewise pseudo-likelihood, the callable adapter, the registry.
+
+The pseudo-likelihood is checked against a per-token Python loop written
+here from its formula, its gradients against central finite differences,
+and, where the chain factorises, against the exact chain. The adapter is
+checked with an exact chain log-likelihood written here in NumPy (itself
+checked against brute-force enumeration), and both are fitted through the
+estimator on easy synthetic data.
+"""
+
+import warnings
+
+import _chain_reference as ref
+import numpy as np
+import pytest
+from scipy.special import logsumexp
+from sklearn.exceptions import ConvergenceWarning
+
+from skgpstruct import GPStructClassifier
+from skgpstruct.datasets import make_sequences
+from skgpstruct.likelihoods import (
+    CallableLikelihood,
+    ChainCRF,
+    Likelihood,
+    PiecewisePseudoLikelihood,
+    get_likelihood,
+)
+
+LENGTHS = [
+    [5],
+    [0, 3, 1, 4],  # empty and single-token sequences among others
+    [1, 1, 0],
+    [7, 2, 0, 6, 3],
+]
+
+
+def _offsets(lengths):
+    return np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
+
+
+def _problem(seed, lengths, n_samples=2, n_labels=3, scale=1.0):
+    rng = np.random.default_rng(seed)
+    offsets = _offsets(lengths)
+    n_tokens = int(offsets[-1])
+    unary = scale * rng.standard_normal((n_samples, n_tokens, n_labels))
+    pairwise = scale * rng.standard_normal((n_samples, n_labels, n_labels))
+    labels = rng.integers(0, n_labels, n_tokens)
+    return unary, pairwise, offsets, labels
+
+
+def pseudo_loglik_loop(unary, pairwise, offsets, labels):
+    """The piecewise pseudo-likelihood, one token at a time (the formula)."""
+    n_samples = unary.shape[0]
+    n_seq = len(offsets) - 1
+    out = np.zeros((n_samples, n_seq))
+    for s in range(n_samples):
+        P = pairwise[s]
+        for n in range(n_seq):
+            for t in range(offsets[n], offsets[n + 1]):
+                y_t = labels[t]
+                out[s, n] += unary[s, t, y_t] - logsumexp(unary[s, t])
+                if t + 1 < offsets[n + 1]:
+                    y_next = labels[t + 1]
+                    # y_t given y_{t+1}, then y_{t+1} given y_t, within the
+                    # transition factor only
+                    out[s, n] += P[y_t, y_next] - logsumexp(P[:, y_next])
+                    out[s, n] += P[y_t, y_next] - logsumexp(P[y_t, :])
+    return out
+
+
+def chain_loglik_numpy(unary, pairwise, y):
+    """Exact chain log p(y | f) of one sequence, all samples: (S,).
+
+    A user's likelihood written without the library: forward recursion in
+    log space, vectorised over samples.
+    """
+    n_tokens = unary.shape[1]
+    score = unary[:, np.arange(n_tokens), y].sum(axis=1)
+    score += pairwise[:, y[:-1], y[1:]].sum(axis=1)
+    log_alpha = unary[:, 0]
+    for t in range(1, n_tokens):
+        log_alpha = unary[:, t] + logsumexp(
+            log_alpha[:, :, None] + pairwise, axis=1
+        )
+    return score - logsumexp(log_alpha, axis=1)
+
+
+# --------------------------------------------------------------------------- #
+# piecewise pseudo-likelihood: values
+
+
+@pytest.mark.parametrize("lengths", LENGTHS)
+@pytest.mark.parametrize("n_labels", [1, 2, 4])
+@pytest.mark.parametrize("scale", [1e-2, 1.0, 1e3])
+def test_pseudo_matches_per_token_loop(lengths, n_labels, scale):
+    unary, pairwise, offsets, labels = _problem(
+        0, lengths, n_labels=n_labels, scale=scale
+    )
+    pwpl = PiecewisePseudoLikelihood()
+    expected = pseudo_loglik_loop(unary, pairwise, offsets, labels)
+    value = pwpl.log_prob(unary, pairwise, offsets, labels)
+    assert value.shape == (unary.shape[0], len(lengths))
+    np.testing.assert_allclose(value, expected, rtol=1e-12, atol=1e-9)
+    value_2, _, _ = pwpl.log_prob_and_gradient(unary, pairwise, offsets, labels)
+    np.testing.assert_array_equal(value_2, value)
+    assert np.all(value[:, np.array(lengths) == 0] == 0.0)
+
+
+def test_pseudo_is_piecewise_pl_not_piecewise_training():
+    # Two tokens, labels (0, 1), no unary information: the transition
+    # factor contributes log softmax down column 1 and along row 0, not
+    # P[0, 1] - logsumexp(P) over all V^2 pairs.
+    unary = np.zeros((1, 2, 2))
+    pairwise = np.array([[[0.0, 1.0], [2.0, 3.0]]])
+    value = PiecewisePseudoLikelihood().log_prob(
+        unary, pairwise, np.array([0, 2]), np.array([0, 1])
+    )
+    expected = -2 * np.log(2) + (1 - np.log(np.exp(1) + np.exp(3))) + (
+        1 - np.log(np.exp(0) + np.exp(1))
+    )
+    assert value[0, 0] == pytest.approx(expected, rel=1e-14)
+
+
+@pytest.mark.parametrize("lengths", LENGTHS)
+def test_pseudo_equals_exact_chain_up_to_a_constant_when_it_factorises(lengths):
+    # With zero transition potentials the chain factorises into per-token
+    # softmaxes. The pseudo-likelihood's unary part is then exactly the
+    # chain's log-likelihood, and each transition factor adds two uniform
+    # conditionals, -2 log V: PWPL = exact - 2 (T - 1) log V, and the
+    # gradients with respect to the unaries coincide.
+    unary, pairwise, offsets, labels = _problem(1, lengths, n_labels=4, scale=2.0)
+    pairwise = np.zeros_like(pairwise)
+    n_transitions = np.maximum(np.diff(offsets) - 1, 0)
+    exact, exact_gu, _ = ChainCRF().log_prob_and_gradient(
+        unary, pairwise, offsets, labels
+    )
+    pwpl, gu, gp = PiecewisePseudoLikelihood().log_prob_and_gradient(
+        unary, pairwise, offsets, labels
+    )
+    np.testing.assert_allclose(
+        pwpl, exact - 2 * n_transitions * np.log(4), rtol=1e-12, atol=1e-12
+    )
+    np.testing.assert_allclose(gu, exact_gu, rtol=0, atol=1e-12)
+    # at P = 0 each transition moves mass 2/V from every cell to its own
+    np.testing.assert_allclose(gp.sum(axis=(-2, -1)), 0.0, atol=1e-12)
+
+
+def test_pseudo_of_a_single_label_is_zero():
+    unary, pairwise, offsets, labels = _problem(2, [3, 0, 2], n_labels=1)
+    value, gu, gp = PiecewisePseudoLikelihood().log_prob_and_gradient(
+        unary, pairwise, offsets, labels
+    )
+    assert np.all(value == 0.0) and np.all(gu == 0.0) and np.all(gp == 0.0)
+
+
+def test_pseudo_without_tokens():
+    unary, pairwise = np.zeros((3, 0, 2)), np.zeros((3, 2, 2))
+    offsets, labels = np.zeros(3, dtype=np.int64), np.zeros(0, dtype=np.int64)
+    value, gu, gp = PiecewisePseudoLikelihood().log_prob_and_gradient(
+        unary, pairwise, offsets, labels
+    )
+    assert value.shape == (3, 2) and np.all(value == 0.0)
+    assert gu.shape == (3, 0, 2) and gp.shape == (3, 2, 2, 2)
+    assert np.all(gp == 0.0)
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        ({"labels": np.array([0, 1, 5])}, r"labels must lie in \[0, 3\)"),
+        ({"offsets": np.array([0, 2])}, r"offsets\[-1\] must equal"),
+        ({"pairwise": np.zeros((1, 2, 2))}, r"pairwise must have shape"),
+        ({"unary": np.full((1, 3, 3), np.nan)}, r"unary contains NaN"),
+    ],
+)
+@pytest.mark.parametrize(
+    "likelihood",
+    [PiecewisePseudoLikelihood(), CallableLikelihood(chain_loglik_numpy)],
+    ids=repr,
+)
+def test_inputs_are_validated(likelihood, change, message):
+    args = {
+        "unary": np.zeros((1, 3, 3)),
+        "pairwise": np.zeros((1, 3, 3)),
+        "offsets": np.array([0, 3]),
+        "labels": np.array([0, 1, 2]),
+    } | change
+    with pytest.raises(ValueError, match=message):
+        likelihood.log_prob(**args)
+
+
+# --------------------------------------------------------------------------- #
+# piecewise pseudo-likelihood: gradients
+
+
+@pytest.mark.parametrize("lengths", LENGTHS[1:])
+@pytest.mark.parametrize("seed", [0, 1])
+def test_pseudo_gradient_matches_central_differences(lengths, seed):
+    unary, pairwise, offsets, labels = _problem(seed, lengths, n_labels=3)
+    pwpl = PiecewisePseudoLikelihood()
+    _, grad_unary, grad_pairwise = pwpl.log_prob_and_gradient(
+        unary, pairwise, offsets, labels
+    )
+    n_samples, n_tokens, n_labels = unary.shape
+    n_seq = len(lengths)
+    assert grad_unary.shape == unary.shape
+    assert grad_pairwise.shape == (n_samples, n_seq, n_labels, n_labels)
+    sequence_of = np.repeat(np.arange(n_seq), lengths)
+    h = 1e-5
+
+    def derivative(u, p):
+        return (pwpl.log_prob(u[0], p[0], offsets, labels)
+                - pwpl.log_prob(u[1], p[1], offsets, labels)) / (2 * h)
+
+    # Perturbing one entry changes every sequence's value of its sample:
+    # the finite differences give a whole column of the Jacobian.
+    for index in np.ndindex(unary.shape):
+        step = np.zeros_like(unary)
+        step[index] = h
+        fd = derivative((unary + step, unary - step), (pairwise, pairwise))
+        s, t, _ = index
+        expected = np.zeros((n_samples, n_seq))
+        expected[s, sequence_of[t]] = grad_unary[index]
+        np.testing.assert_allclose(fd, expected, rtol=0, atol=1e-8)
+    for index in np.ndindex(pairwise.shape):
+        step = np.zeros_like(pairwise)
+        step[index] = h
+        fd = derivative((unary, unary), (pairwise + step, pairwise - step))
+        s, i, j = index
+        expected = np.zeros((n_samples, n_seq))
+        expected[s] = grad_pairwise[s, :, i, j]
+        np.testing.assert_allclose(fd, expected, rtol=0, atol=1e-8)
+
+
+# --------------------------------------------------------------------------- #
+# the callable adapter
+
+
+def test_numpy_chain_loglik_matches_enumeration():
+    unary, pairwise, offsets, labels = _problem(3, [4], n_samples=3, n_labels=3)
+    y = labels
+    for s in range(unary.shape[0]):
+        log_z = ref.enumerate_one(unary[s], pairwise[s])[0]
+        expected = ref.path_score(unary[s], pairwise[s], y) - log_z
+        assert chain_loglik_numpy(unary, pairwise, y)[s] == pytest.approx(
+            expected, rel=1e-12
+        )
+
+
+@pytest.mark.parametrize("lengths", LENGTHS)
+def test_callable_exact_chain_equals_chain_crf(lengths):
+    unary, pairwise, offsets, labels = _problem(4, lengths, n_labels=4, scale=3.0)
+    likelihood = CallableLikelihood(chain_loglik_numpy)
+    assert likelihood.has_gradient is False
+    value = likelihood.log_prob(unary, pairwise, offsets, labels)
+    expected = ChainCRF().log_prob(unary, pairwise, offsets, labels)
+    np.testing.assert_allclose(value, expected, rtol=1e-12, atol=1e-12)
+
+
+def test_callable_receives_one_sequence_at_a_time_read_only():
+    unary, pairwise, offsets, labels = _problem(5, [2, 0, 3], n_samples=2)
+    calls = []
+
+    def spy(u, p, y):
+        calls.append((u.copy(), p.copy(), y.copy()))
+        assert not (u.flags.writeable or p.flags.writeable or y.flags.writeable)
+        return np.full(u.shape[0], float(len(calls)))
+
+    value = CallableLikelihood(spy).log_prob(unary, pairwise, offsets, labels)
+    # the empty sequence is not passed and scores 0
+    np.testing.assert_array_equal(value, [[1.0, 0.0, 2.0]] * 2)
+    assert len(calls) == 2
+    for (u, p, y), (t0, t1) in zip(calls, [(0, 2), (2, 5)], strict=True):
+        np.testing.assert_array_equal(u, unary[:, t0:t1])
+        np.testing.assert_array_equal(p, pairwise)
+        np.testing.assert_array_equal(y, labels[t0:t1])
+        assert y.dtype == np.int64
+
+
+def test_callable_cannot_modify_the_potentials():
+    def vandal(u, p, y):
+        u[...] = 0.0
+        return np.zeros(u.shape[0])
+
+    unary, pairwise, offsets, labels = _problem(6, [3])
+    with pytest.raises(ValueError, match="read-only"):
+        CallableLikelihood(vandal).log_prob(unary, pairwise, offsets, labels)
+
+
+@pytest.mark.parametrize(
+    ("output", "message"),
+    [
+        (lambda S: np.array([0.0, np.nan][:S]), r"nan for sequence 1 \(sample 1\)"),
+        (lambda S: np.array([-np.inf, 0.0][:S]), r"-inf for sequence 1 \(sample 0\)"),
+        (lambda S: np.array([np.inf, 0.0][:S]), r"inf for sequence 1"),
+        (lambda S: np.zeros(S + 1), r"shape \(3,\) for sequence 1; expected .*\(2,\)"),
+        (lambda S: 0.0, r"shape \(\) for sequence 1"),
+        (lambda S: np.zeros((S, 1)), r"shape \(2, 1\) for sequence 1"),
+        (lambda S: ["a"] * S, r"dtype <U1"),
+        (lambda S: [[0.0], [0.0, 1.0]], r"not an array for sequence 1"),
+    ],
+)
+def test_callable_output_is_validated(output, message):
+    def bad_on_second(u, p, y):
+        return np.zeros(u.shape[0]) if y.shape[0] == 2 else output(u.shape[0])
+
+    unary, pairwise, offsets, labels = _problem(7, [2, 3], n_samples=2)
+    with pytest.raises(ValueError, match=message):
+        CallableLikelihood(bad_on_second).log_prob(unary, pairwise, offsets, labels)
+
+
+def test_callable_has_no_gradient_and_a_readable_repr():
+    likelihood = CallableLikelihood(chain_loglik_numpy)
+    assert repr(likelihood) == "CallableLikelihood(func=chain_loglik_numpy)"
+    unary, pairwise, offsets, labels = _problem(8, [2])
+    with pytest.raises(NotImplementedError, match="gradient='score'"):
+        likelihood.log_prob_and_gradient(unary, pairwise, offsets, labels)
+
+
+@pytest.mark.parametrize("func", [None, "crf", 3.0])
+def test_callable_refuses_non_callables(func):
+    with pytest.raises(TypeError, match="func must be a callable"):
+        CallableLikelihood(func)
+
+
+def test_callable_refuses_a_likelihood_class():
+    with pytest.raises(TypeError, match=r"use an instance of it, ChainCRF\(\)"):
+        CallableLikelihood(ChainCRF)
+
+
+# --------------------------------------------------------------------------- #
+# the registry
+
+
+def test_get_likelihood_names_instances_and_callables():
+    assert type(get_likelihood("crf")) is ChainCRF
+    pseudo = get_likelihood("pseudo")
+    assert type(pseudo) is PiecewisePseudoLikelihood and pseudo.has_gradient
+    instance = PiecewisePseudoLikelihood()
+    assert get_likelihood(instance) is instance
+    wrapped = get_likelihood(chain_loglik_numpy)
+    assert isinstance(wrapped, CallableLikelihood) and isinstance(wrapped, Likelihood)
+    assert wrapped.func is chain_loglik_numpy and not wrapped.has_gradient
+
+
+@pytest.mark.parametrize("spec", ["foo", "CRF", "", None, 3, ["crf"]])
+def test_get_likelihood_refuses_unknown_specs(spec):
+    with pytest.raises(
+        ValueError,
+        match=r"likelihood must be one of \['crf', 'pseudo'\], a Likelihood "
+        r"instance, or a callable",
+    ):
+        get_likelihood(spec)
+
+
+def test_get_likelihood_refuses_a_class():
+    with pytest.raises(ValueError, match=r"got the class ChainCRF; pass ChainCRF\(\)"):
+        get_likelihood(ChainCRF)
+
+
+# --------------------------------------------------------------------------- #
+# fits through the estimator
+
+FAST = {"n_inducing": 20, "max_iter": 50, "tol": 1e-2, "random_state": 0}
+
+
+@pytest.fixture(scope="module")
+def data():
+    """(X_train, y_train, X_test, y_test): easy sequences, 30 train, 50 test."""
+    X, y = make_sequences(
+        n_sequences=80, n_classes=3, n_features=8, length_range=(2, 8),
+        noise=1.0, random_state=0,
+    )
+    return X[:30], y[:30], X[30:], y[30:]
+
+
+def token_accuracy(y_true, y_pred):
+    return float(np.mean(np.concatenate(y_true) == np.concatenate(y_pred)))
+
+
+def majority_rate(y):
+    _, counts = np.unique(np.concatenate(y), return_counts=True)
+    return counts.max() / counts.sum()
+
+
+@pytest.mark.parametrize("gradient", ["pathwise", "score"])
+def test_pseudo_likelihood_fits(data, gradient):
+    X, y, X_test, y_test = data
+    n_samples = 16 if gradient == "score" else 8
+    with warnings.catch_warnings():
+        # L-BFGS may stop on the noisy score-function gradient.
+        warnings.simplefilter("ignore", ConvergenceWarning)
+        model = GPStructClassifier(
+            likelihood="pseudo", gradient=gradient, n_samples=n_samples, **FAST
+        ).fit(X, y)
+    accuracy = token_accuracy(y_test, model.predict(X_test))
+    assert accuracy > 0.8, accuracy
+    assert accuracy > majority_rate(y_test) + 0.3
+
+
+def test_callable_exact_chain_reaches_the_built_in_accuracy(data):
+    # The issue's requirement: a callable computing the exact chain
+    # log-likelihood in NumPy reaches the built-in likelihood's accuracy.
+    X, y, X_test, y_test = data
+    accuracies = {}
+    for name, likelihood in (("crf", "crf"), ("callable", chain_loglik_numpy)):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", ConvergenceWarning)
+            model = GPStructClassifier(
+                likelihood=likelihood, gradient="score", n_samples=16, **FAST
+            ).fit(X, y)
+        accuracies[name] = token_accuracy(y_test, model.predict(X_test))
+    assert accuracies["crf"] > majority_rate(y_test) + 0.3, accuracies
+    assert accuracies["callable"] >= accuracies["crf"] - 0.02, accuracies
+
+
+def test_callable_with_pathwise_gradient_is_refused(data):
+    X, y, _, _ = data
+    model = GPStructClassifier(likelihood=chain_loglik_numpy, gradient="pathwise")
+    with pytest.raises(
+        ValueError,
+        match=r"gradient='pathwise' needs a likelihood with a gradient; "
+        r"CallableLikelihood\(func=chain_loglik_numpy\) .*use gradient='score'",
+    ):
+        model.fit(X, y)

@@ -1,0 +1,192 @@
+"""The plotting displays: the numbers they compute and the artists they draw."""
+
+import builtins
+import importlib
+import sys
+
+import numpy as np
+import pytest
+
+matplotlib = pytest.importorskip("matplotlib", reason="needs matplotlib (plot extra)")
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+from sklearn.calibration import calibration_curve  # noqa: E402
+from sklearn.pipeline import make_pipeline  # noqa: E402
+
+from skgpstruct import GPStructClassifier, SequenceDictVectorizer  # noqa: E402
+from skgpstruct.datasets import make_sequences  # noqa: E402
+from skgpstruct.plotting import (  # noqa: E402
+    ELBOTraceDisplay,
+    MarginalsDisplay,
+    ReliabilityDisplay,
+)
+
+
+@pytest.fixture(autouse=True)
+def close_figures():
+    yield
+    plt.close("all")
+
+
+@pytest.fixture(scope="module")
+def fitted():
+    X, y = make_sequences(n_sequences=20, random_state=0)
+    clf = GPStructClassifier(
+        n_inducing=20, max_iter=200, tol=1e-3, random_state=0
+    ).fit(X, y)
+    return clf, X, y
+
+
+def test_elbo_trace_from_estimator(fitted):
+    clf, _, _ = fitted
+    _, ax = plt.subplots()
+    display = ELBOTraceDisplay.from_estimator(clf, ax=ax)
+    assert display.ax_ is ax
+    np.testing.assert_array_equal(display.line_.get_ydata(), clf.elbo_history_)
+    np.testing.assert_array_equal(
+        display.line_.get_xdata(), np.arange(1, len(clf.elbo_history_) + 1)
+    )
+    assert display.line_.get_label() == "GPStructClassifier"
+    assert ax.get_ylabel() == "ELBO"
+
+
+def test_elbo_trace_unfitted_raises():
+    with pytest.raises(ValueError, match="fit it first"):
+        ELBOTraceDisplay.from_estimator(GPStructClassifier())
+
+
+def test_marginals_from_estimator(fitted):
+    clf, X, y = fitted
+    tokens = [f"w{t}" for t in range(len(X[1]))]
+    display = MarginalsDisplay.from_estimator(clf, X[1], tokens=tokens, y_true=y[1])
+    expected = clf.predict_marginals([X[1]])[0]
+    np.testing.assert_allclose(display.image_.get_array(), expected.T)
+    ax = display.ax_
+    assert [t.get_text() for t in ax.get_xticklabels()] == tokens
+    assert [t.get_text() for t in ax.get_yticklabels()] == [
+        str(c) for c in clf.classes_
+    ]
+    # True labels are marked at their class row.
+    rows = np.searchsorted(clf.classes_, y[1])
+    np.testing.assert_array_equal(display.true_labels_.get_ydata(), rows)
+    assert display.colorbar_ is not None
+
+
+def test_marginals_through_pipeline():
+    rng = np.random.default_rng(0)
+    words = ["the", "cat", "sat", "on", "mat"]
+    X = [[{"w": words[i]} for i in rng.integers(5, size=6)] for _ in range(12)]
+    y = [["D" if tok["w"] == "the" else "N" for tok in seq] for seq in X]
+    pipe = make_pipeline(
+        SequenceDictVectorizer(),
+        GPStructClassifier(max_iter=200, tol=1e-3, random_state=0),
+    ).fit(X, y)
+    display = MarginalsDisplay.from_estimator(pipe, X[0], colorbar=False)
+    expected = pipe[-1].predict_marginals(pipe[:-1].transform([X[0]]))[0]
+    np.testing.assert_allclose(display.image_.get_array(), expected.T)
+    assert display.colorbar_ is None
+
+
+def test_marginals_shape_checks():
+    with pytest.raises(ValueError, match="column per class"):
+        MarginalsDisplay(np.ones((3, 2)), ["a", "b", "c"])
+    with pytest.raises(ValueError, match="tokens has 2 entries"):
+        MarginalsDisplay(np.ones((3, 2)) / 2, ["a", "b"], tokens=["x", "y"])
+
+
+def _hand_reliability(y_true, marginals, classes, n_bins):
+    """Plain-loop reference: bins, frequencies and ECE over (token, label)."""
+    pairs = []
+    for labels, probs in zip(y_true, marginals, strict=True):
+        for t, label in enumerate(labels):
+            for j, c in enumerate(classes):
+                pairs.append((probs[t][j], 1.0 if label == c else 0.0))
+    bins = [[] for _ in range(n_bins)]
+    for p, o in pairs:
+        b = 0
+        while b < n_bins - 1 and p > (b + 1) / n_bins:
+            b += 1
+        bins[b].append((p, o))
+    pred, true, counts, ece = [], [], [], 0.0
+    for members in bins:
+        if not members:
+            continue
+        mp = sum(p for p, _ in members) / len(members)
+        mo = sum(o for _, o in members) / len(members)
+        pred.append(mp)
+        true.append(mo)
+        counts.append(len(members))
+        ece += len(members) / len(pairs) * abs(mo - mp)
+    return pred, true, counts, ece
+
+
+def test_reliability_against_hand_computation():
+    rng = np.random.default_rng(1)
+    classes = np.array(["B", "I", "O"])
+    lengths = [4, 7, 1, 5]
+    marginals = [rng.dirichlet(np.ones(3) * 0.7, size=n) for n in lengths]
+    y_true = [rng.choice(classes, size=n) for n in lengths]
+    display = ReliabilityDisplay.from_predictions(
+        y_true, marginals, classes, n_bins=5, label="GP"
+    )
+    pred, true, counts, ece = _hand_reliability(y_true, marginals, classes, 5)
+    np.testing.assert_allclose(display.prob_pred, pred)
+    np.testing.assert_allclose(display.prob_true, true)
+    np.testing.assert_array_equal(display.bin_counts, counts)
+    assert display.ece == pytest.approx(ece)
+    # The drawn curve is the computed one, and the legend carries the ECE.
+    np.testing.assert_allclose(display.line_.get_xdata(), pred)
+    np.testing.assert_allclose(display.line_.get_ydata(), true)
+    assert display.line_.get_label() == f"GP (ECE = {ece:.3f})"
+    # Same bins as scikit-learn's calibration_curve on the flattened pairs.
+    flat_p = np.concatenate(marginals).ravel()
+    flat_o = (np.concatenate(y_true)[:, None] == classes[None, :]).ravel()
+    sk_true, sk_pred = calibration_curve(flat_o, flat_p, n_bins=5)
+    np.testing.assert_allclose(display.prob_true, sk_true)
+    np.testing.assert_allclose(display.prob_pred, sk_pred)
+
+
+def test_reliability_perfect_and_flat_inputs():
+    # One-hot marginals that are always right: two bins, zero error.
+    y = np.array([0, 1, 1, 0])
+    probs = np.eye(2)[y]
+    display = ReliabilityDisplay.from_predictions(y, probs, classes=[0, 1])
+    assert display.ece == 0.0
+    np.testing.assert_array_equal(display.prob_true, [0.0, 1.0])
+    np.testing.assert_array_equal(display.bin_counts, [4, 4])
+
+
+def test_reliability_shares_axes():
+    _, ax = plt.subplots()
+    y = [np.array([0, 1])]
+    m = [np.array([[0.6, 0.4], [0.2, 0.8]])]
+    ReliabilityDisplay.from_predictions(y, m, [0, 1], ax=ax, label="a")
+    ReliabilityDisplay.from_predictions(y, m, [0, 1], ax=ax, label="b")
+    labels = [line.get_label() for line in ax.get_lines()]
+    assert labels.count("perfectly calibrated") == 1
+    assert len(labels) == 3
+
+
+def test_reliability_input_checks():
+    with pytest.raises(ValueError, match="n_bins"):
+        ReliabilityDisplay.from_predictions([[0]], [np.ones((1, 1))], [0], n_bins=0)
+    with pytest.raises(ValueError, match="2 sequences"):
+        ReliabilityDisplay.from_predictions([[0], [1]], [np.ones((1, 2)) / 2], [0, 1])
+    with pytest.raises(ValueError, match="probabilities"):
+        ReliabilityDisplay.from_predictions([[0]], [np.array([[1.5, -0.5]])], [0, 1])
+
+
+def test_missing_matplotlib_message(monkeypatch):
+    real_import = builtins.__import__
+
+    def fake_import(name, *args, **kwargs):
+        if name.startswith("matplotlib"):
+            raise ImportError("No module named 'matplotlib'")
+        return real_import(name, *args, **kwargs)
+
+    for name in [m for m in sys.modules if m.startswith("matplotlib")]:
+        monkeypatch.delitem(sys.modules, name)
+    monkeypatch.setattr(builtins, "__import__", fake_import)
+    plotting = importlib.reload(importlib.import_module("skgpstruct.plotting"))
+    with pytest.raises(ImportError, match=r"skgpstruct\[plot\]"):
+        plotting.ELBOTraceDisplay([1.0, 2.0]).plot()
