@@ -22,6 +22,7 @@ from ._sequences import (
     stack_sequences,
 )
 from .inference.elbo import SparseELBO
+from .inference.ess import DEFAULT_MEMORY_LIMIT, sample_posterior
 from .inference.inducing import (
     InducingFeatures,
     InducingPoints,
@@ -46,6 +47,7 @@ SCORE_ROUND_SIZE = 10
 _MAX_FULL_FEATURES = 2000
 
 _OPTIONS = {
+    "inference": ("variational", "ess"),
     "covariance": ("full", "diag"),
     "gradient": ("pathwise", "score"),
     "optimizer": ("lbfgs",),
@@ -129,6 +131,21 @@ class GPStructClassifier(BaseEstimator):
         diagonal covariances and ``"kmeans++"`` otherwise.
     n_predict_samples : int, default=32
         Posterior samples averaged by :meth:`predict_marginals`.
+    inference : {"variational", "ess"}, default="variational"
+        ``"variational"``: the sparse variational method above. ``"ess"``:
+        the original GPstruct sampler, elliptical slice sampling of the unary
+        values of all training tokens and the pairwise potentials under the
+        full GP prior (kernel hyperparameters fixed at their initial values;
+        O(N^2) memory, refused beyond ``ess_memory_limit``).
+    ess_n_iter : int, default=10000
+        ESS iterations (``inference="ess"``).
+    ess_burn_in : int or None, default=None
+        Iterations discarded first; None discards half.
+    ess_thin : int, default=10
+        Keep one sample in ``ess_thin`` after burn-in.
+    ess_memory_limit : int, default=4 GiB
+        Bytes the Gram matrix and its factor may take; larger training sets
+        are refused before anything is allocated.
     n_jobs : int or None, default=None
         Workers for the per-sequence terms (joblib semantics: None means 1
         unless in a ``joblib.parallel_config`` context, -1 all cores). The
@@ -168,6 +185,12 @@ class GPStructClassifier(BaseEstimator):
     elbo_history_ : list of float
         ELBO after every iteration.
     n_iter_ : int
+    ess_ : ESSPosterior
+        Only with ``inference="ess"``: the kept samples (the variational
+        attributes ``q_mu_`` etc. are then absent).
+    log_likelihood_history_ : list of float
+        Only with ``inference="ess"``: training log-likelihood of the kept
+        samples.
 
     Notes
     -----
@@ -207,6 +230,11 @@ class GPStructClassifier(BaseEstimator):
         pairwise_prior_variance=1.0,
         inducing="auto",
         n_predict_samples=32,
+        inference="variational",
+        ess_n_iter=10000,
+        ess_burn_in=None,
+        ess_thin=10,
+        ess_memory_limit=DEFAULT_MEMORY_LIMIT,
         n_jobs=None,
         random_state=None,
         verbose=0,
@@ -227,6 +255,11 @@ class GPStructClassifier(BaseEstimator):
         self.pairwise_prior_variance = pairwise_prior_variance
         self.inducing = inducing
         self.n_predict_samples = n_predict_samples
+        self.inference = inference
+        self.ess_n_iter = ess_n_iter
+        self.ess_burn_in = ess_burn_in
+        self.ess_thin = ess_thin
+        self.ess_memory_limit = ess_memory_limit
         self.n_jobs = n_jobs
         self.random_state = random_state
         self.verbose = verbose
@@ -247,6 +280,9 @@ class GPStructClassifier(BaseEstimator):
             ("n_samples", 1),
             ("max_iter", 1),
             ("n_predict_samples", 1),
+            ("ess_n_iter", 1),
+            ("ess_thin", 1),
+            ("ess_memory_limit", 1),
         ):
             value = getattr(self, name)
             if (
@@ -255,6 +291,15 @@ class GPStructClassifier(BaseEstimator):
                 or value < low
             ):
                 raise ValueError(f"{name} must be an integer >= {low}, got {value!r}")
+        if self.ess_burn_in is not None and (
+            not isinstance(self.ess_burn_in, numbers.Integral)
+            or isinstance(self.ess_burn_in, bool)
+            or not 0 <= self.ess_burn_in < self.ess_n_iter
+        ):
+            raise ValueError(
+                "ess_burn_in must be None or an integer in [0, ess_n_iter), got "
+                f"{self.ess_burn_in!r}"
+            )
         for name in ("learn_hyperparameters", "warm_start"):
             value = getattr(self, name)
             if not isinstance(value, bool | np.bool_):
@@ -319,6 +364,8 @@ class GPStructClassifier(BaseEstimator):
         X_all, offsets = stack_sequences(sequences)
         n_features = X_all.shape[1]
         rng = self._rng()
+        if self.inference == "ess":
+            return self._fit_ess(X_all, offsets, classes, label_index, is_sparse, rng)
 
         warm = self.warm_start and hasattr(self, "q_mu_")
         if warm and (
@@ -338,13 +385,7 @@ class GPStructClassifier(BaseEstimator):
                 self.pairwise_mean_, self.pairwise_std_,
             ).copy()
         else:
-            kernel = check_kernel(self.kernel, sparse=is_sparse)
-            if isinstance(self.kernel, str) and self.kernel == "linear":
-                # Prior sd of a training token's potential starts at 1.
-                kernel = kernel.clone_with_theta(
-                    kernel.theta - np.log(np.mean(kernel.diag(X_all)))
-                    * (np.array(kernel.hyperparameter_names) == "variance")
-                )
+            kernel = self._initial_kernel(X_all, is_sparse)
             inducing = self._make_inducing(X_all, kernel, rng)
             params = self._initial_parameters(
                 len(classes), inducing.n_inducing, rng
@@ -468,7 +509,42 @@ class GPStructClassifier(BaseEstimator):
         )
         self.n_iter_ = result.n_iter
         self._inducing_state = inducing.prepare(self.kernel_)
+        self.__dict__.pop("ess_", None)
         self._predict_seed = int(rng.integers(2**63))
+        return self
+
+    def _initial_kernel(self, X_all, is_sparse):
+        kernel = check_kernel(self.kernel, sparse=is_sparse)
+        if isinstance(self.kernel, str) and self.kernel == "linear":
+            # Prior sd of a training token's potential starts at 1.
+            kernel = kernel.clone_with_theta(
+                kernel.theta - np.log(np.mean(kernel.diag(X_all)))
+                * (np.array(kernel.hyperparameter_names) == "variance")
+            )
+        return kernel
+
+    def _fit_ess(self, X_all, offsets, classes, label_index, is_sparse, rng):
+        """GPstruct: elliptical slice sampling under the full GP prior."""
+        if self.warm_start and hasattr(self, "classes_"):
+            raise ValueError("warm_start=True is not supported with inference='ess'")
+        kernel = self._initial_kernel(X_all, is_sparse)
+        self.ess_ = sample_posterior(
+            X_all, offsets, label_index.astype(np.int64), kernel, len(classes),
+            pairwise_prior_variance=float(self.pairwise_prior_variance),
+            n_iter=self.ess_n_iter, burn_in=self.ess_burn_in, thin=self.ess_thin,
+            random_state=rng, verbose=self.verbose,
+            memory_limit=self.ess_memory_limit,
+        )
+        for name in ("q_mu_", "q_sqrt_", "weights_", "inducing_", "inducing_points_",
+                     "elbo_history_", "pairwise_std_"):
+            self.__dict__.pop(name, None)
+        self.classes_ = classes
+        self.n_features_in_ = X_all.shape[1]
+        self.kernel_ = kernel
+        self.pairwise_mean_ = self.ess_.pairwise_mean
+        self.pairwise_prior_variance_ = float(self.pairwise_prior_variance)
+        self.log_likelihood_history_ = list(self.ess_.log_likelihood_trace)
+        self.n_iter_ = self.ess_n_iter
         return self
 
     def _make_inducing(self, X_all, kernel, rng):
@@ -517,7 +593,7 @@ class GPStructClassifier(BaseEstimator):
     # ------------------------------------------------------------------ #
     # prediction
     def _check_predict_input(self, X):
-        check_is_fitted(self, "q_mu_")
+        check_is_fitted(self, "classes_")
         sequences, _ = check_sequence_features(
             X, n_features=self.n_features_in_, allow_empty=True
         )
@@ -557,6 +633,8 @@ class GPStructClassifier(BaseEstimator):
             Rows sum to one; columns follow ``classes_``.
         """
         sequences = self._check_predict_input(X)
+        if hasattr(self, "ess_"):
+            return self._predict_marginals_ess(sequences)
         params = self._params()
         K, V, _ = params.q_mu.shape
         S = self.n_predict_samples
@@ -599,6 +677,36 @@ class GPStructClassifier(BaseEstimator):
                 out[i] = piece
         return out
 
+    def _predict_marginals_ess(self, sequences):
+        """GPstruct's prediction: marginals averaged over the kept samples of
+        the conditional mean of the test unaries."""
+        V = len(self.classes_)
+        out = [None] * len(sequences)
+        for sl, X_c, offsets in self._chunks(sequences):
+            if X_c is None:
+                for i in range(sl.start, sl.stop):
+                    out[i] = np.zeros((0, V))
+                continue
+            marg = self.ess_.predict_marginals(X_c, offsets)
+            pieces = split_by_offsets(marg, offsets)
+            for i, piece in zip(range(sl.start, sl.stop), pieces, strict=True):
+                out[i] = piece
+        return out
+
+    def predict_proba(self, X):
+        """Alias of :meth:`predict_marginals`, so that a ``Pipeline`` ending in
+        this estimator exposes the marginals.
+
+        Parameters
+        ----------
+        X : list of array-like or sparse matrices of shape (T_n, n_features)
+
+        Returns
+        -------
+        marginals : list of ndarray of shape (T_n, n_classes)
+        """
+        return self.predict_marginals(X)
+
     def _project(self, X_c, offsets):
         return self.inducing_.project(
             self.kernel_, self._inducing_state, X_c, offsets
@@ -606,6 +714,8 @@ class GPStructClassifier(BaseEstimator):
 
     def _mean_potentials(self, X_c, offsets):
         """Posterior mean of the unary potentials, (n_tokens, n_classes)."""
+        if hasattr(self, "ess_"):
+            return self.ess_.mean_unary(X_c)
         projection = self._project(X_c, offsets)
         mean_mu = np.einsum("k,kvm->vm", self.weights_, self.q_mu_)
         pieces = [

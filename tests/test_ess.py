@@ -358,3 +358,43 @@ def test_predicts_well_above_chance_on_synthetic_data():
     majority = np.max(np.bincount(truth)) / truth.size
     assert majority < 0.45
     assert accuracy > 0.85
+
+
+# ---------------------------------------------------------------------- #
+# Through the estimator: GPStructClassifier(inference="ess")
+def test_estimator_ess_fits_predicts_and_is_reproducible():
+    from skgpstruct import GPStructClassifier
+
+    X, y = make_sequences(50, random_state=3, noise=0.5)
+    params = dict(kernel="rbf", inference="ess", ess_n_iter=400, random_state=1)
+    first = GPStructClassifier(**params).fit(X[:35], y[:35])
+    second = GPStructClassifier(**params).fit(X[:35], y[:35])
+    np.testing.assert_array_equal(first.ess_.unary_samples, second.ess_.unary_samples)
+    majority = np.bincount(np.concatenate(y[35:])).max() / sum(map(len, y[35:]))
+    assert first.score(X[35:], y[35:]) > majority + 0.3
+    marginals = first.predict_marginals(X[35:])
+    for m, seq in zip(marginals, X[35:], strict=True):
+        assert m.shape == (len(seq), 3)
+        np.testing.assert_allclose(m.sum(axis=1), 1.0)
+    first.set_params(decode="marginal")
+    predicted = first.predict(X[35:])
+    for m, p in zip(marginals, predicted, strict=True):
+        np.testing.assert_array_equal(first.classes_[m.argmax(axis=1)], p)
+    assert not hasattr(first, "q_mu_")
+
+
+def test_estimator_ess_refuses_large_training_set_before_allocating():
+    from skgpstruct import GPStructClassifier
+
+    X, y = make_sequences(20, random_state=0)
+    model = GPStructClassifier(inference="ess", ess_memory_limit=1000)
+    with pytest.raises(ValueError, match="variational"):
+        model.fit(X, y)
+
+
+def test_estimator_ess_rejects_bad_burn_in():
+    from skgpstruct import GPStructClassifier
+
+    X, y = make_sequences(5, random_state=0)
+    with pytest.raises(ValueError, match="ess_burn_in"):
+        GPStructClassifier(inference="ess", ess_n_iter=10, ess_burn_in=10).fit(X, y)

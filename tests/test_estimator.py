@@ -150,6 +150,8 @@ def test_init_stores_parameters_unchanged():
         "learn_hyperparameters": False, "pairwise_prior_variance": 2.5,
         "inducing": "random", "n_predict_samples": 5, "n_jobs": 2,
         "random_state": 42, "verbose": 1, "warm_start": True,
+        "inference": "ess", "ess_n_iter": 12, "ess_burn_in": 3, "ess_thin": 2,
+        "ess_memory_limit": 10**6,
     }
     params = GPStructClassifier(**given).get_params(deep=False)
     assert params.keys() == given.keys()
