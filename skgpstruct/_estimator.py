@@ -31,7 +31,7 @@ from .inference.inducing import (
 )
 from .inference.posterior import ParameterLayout, VariationalParameters
 from .inference.terms import Chunk, sample_unary
-from .kernels import LinearKernel, check_kernel
+from .kernels import GroupedLinearKernel, LinearKernel, check_kernel
 from .likelihoods import get_likelihood
 from .optim.lbfgs import Timer, minimize_lbfgs, minimize_lbfgs_rounds
 
@@ -131,6 +131,15 @@ class GPStructClassifier(BaseEstimator):
         diagonal covariances and ``"kmeans++"`` otherwise.
     n_predict_samples : int, default=32
         Posterior samples averaged by :meth:`predict_marginals`.
+    feature_groups : "auto", None or array-like of int of shape (n_features,), \
+            default="auto"
+        With ``kernel="linear"``, give every group of columns its own prior
+        variance, learned from the ELBO (:class:`~skgpstruct.kernels.\
+GroupedLinearKernel`: automatic relevance determination per group).
+        ``"auto"`` takes the groups from ``X.feature_groups`` when ``X`` has
+        them (the output of :class:`~skgpstruct.CRFppTemplateVectorizer`
+        groups columns by template), else one variance for all; None always
+        uses one variance. Ignored for other kernels.
     inference : {"variational", "ess"}, default="variational"
         ``"variational"``: the sparse variational method above. ``"ess"``:
         the original GPstruct sampler, elliptical slice sampling of the unary
@@ -230,6 +239,7 @@ class GPStructClassifier(BaseEstimator):
         pairwise_prior_variance=1.0,
         inducing="auto",
         n_predict_samples=32,
+        feature_groups="auto",
         inference="variational",
         ess_n_iter=10000,
         ess_burn_in=None,
@@ -255,6 +265,7 @@ class GPStructClassifier(BaseEstimator):
         self.pairwise_prior_variance = pairwise_prior_variance
         self.inducing = inducing
         self.n_predict_samples = n_predict_samples
+        self.feature_groups = feature_groups
         self.inference = inference
         self.ess_n_iter = ess_n_iter
         self.ess_burn_in = ess_burn_in
@@ -363,6 +374,7 @@ class GPStructClassifier(BaseEstimator):
             ) from None
         X_all, offsets = stack_sequences(sequences)
         n_features = X_all.shape[1]
+        self._groups = self._check_feature_groups(X, n_features)
         rng = self._rng()
         if self.inference == "ess":
             return self._fit_ess(X_all, offsets, classes, label_index, is_sparse, rng)
@@ -513,15 +525,45 @@ class GPStructClassifier(BaseEstimator):
         self._predict_seed = int(rng.integers(2**63))
         return self
 
+    def _check_feature_groups(self, X, n_features):
+        """The column groups to use, or None (one variance for all)."""
+        spec = self.feature_groups
+        if spec is None:
+            return None
+        if isinstance(spec, str):
+            if spec != "auto":
+                raise ValueError(
+                    "feature_groups must be 'auto', None or an array of group "
+                    f"indices, got {spec!r}"
+                )
+            groups = getattr(X, "feature_groups", None)
+            if groups is None:
+                return None
+        else:
+            groups = spec
+        groups = np.asarray(groups)
+        if groups.shape != (n_features,) or groups.dtype.kind not in "iu" or (
+            groups.size and groups.min() < 0
+        ):
+            raise ValueError(
+                f"feature_groups must hold one non-negative integer per feature "
+                f"({n_features}), got an array of shape {groups.shape} and dtype "
+                f"{groups.dtype}"
+            )
+        return groups.astype(np.int64)
+
     def _initial_kernel(self, X_all, is_sparse):
-        kernel = check_kernel(self.kernel, sparse=is_sparse)
         if isinstance(self.kernel, str) and self.kernel == "linear":
             # Prior sd of a training token's potential starts at 1.
-            kernel = kernel.clone_with_theta(
-                kernel.theta - np.log(np.mean(kernel.diag(X_all)))
-                * (np.array(kernel.hyperparameter_names) == "variance")
-            )
-        return kernel
+            x_sq = np.asarray(
+                X_all.multiply(X_all).sum(axis=1) if is_sparse
+                else np.sum(X_all * X_all, axis=1)
+            ).ravel()
+            scale = 1.0 / (np.mean(x_sq) + 1.0)
+            if self._groups is not None:
+                return GroupedLinearKernel(self._groups, variance=scale, bias=scale)
+            return LinearKernel(variance=scale, bias=1.0)
+        return check_kernel(self.kernel, sparse=is_sparse)
 
     def _fit_ess(self, X_all, offsets, classes, label_index, is_sparse, rng):
         """GPstruct: elliptical slice sampling under the full GP prior."""
@@ -552,14 +594,15 @@ class GPStructClassifier(BaseEstimator):
         if method == "auto":
             method = (
                 "features"
-                if isinstance(kernel, LinearKernel) and self.covariance == "diag"
+                if InducingFeatures.supports(kernel) and self.covariance == "diag"
                 else "kmeans++"
             )
         if method == "features":
-            if not isinstance(kernel, LinearKernel):
+            if not InducingFeatures.supports(kernel):
                 raise ValueError(
-                    "inducing='features' needs the linear kernel, got "
-                    f"{kernel!r}; use inducing='kmeans++' or 'random'"
+                    "inducing='features' needs a linear kernel (an explicit "
+                    f"feature map), got {kernel!r}; use inducing='kmeans++' or "
+                    "'random'"
                 )
             if self.covariance == "full" and X_all.shape[1] + 1 > _MAX_FULL_FEATURES:
                 raise ValueError(

@@ -28,6 +28,7 @@ from sklearn.utils.validation import check_is_fitted
 from ._sequences import offsets_from_lengths, split_by_offsets
 
 __all__ = [
+    "FeatureSequences",
     "CRFppTemplateVectorizer",
     "SequenceDictVectorizer",
     "expand_crfpp_template",
@@ -232,6 +233,39 @@ def expand_crfpp_template(template, sequence):
     return [list(strings) for strings in zip(*expanded, strict=True)]
 
 
+class FeatureSequences(list):
+    """A list of per-sequence feature matrices that knows its column groups.
+
+    Behaves exactly as a list; ``feature_groups`` (ndarray of int of shape
+    (n_features,), or None) says which template produced every column, so
+    that an estimator downstream in a ``Pipeline`` can give each template its
+    own prior variance. Slicing or copying returns a plain list (the groups
+    are metadata of the whole transformed set).
+
+    Parameters
+    ----------
+    sequences : iterable of matrices
+    feature_groups : array-like of int of shape (n_features,) or None
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from skgpstruct.features import FeatureSequences
+    >>> X = FeatureSequences([np.zeros((2, 3))], feature_groups=[0, 0, 1])
+    >>> len(X), X.feature_groups.tolist()
+    (1, [0, 0, 1])
+    """
+
+    def __init__(self, sequences=(), feature_groups=None):
+        super().__init__(sequences)
+        self.feature_groups = (
+            None if feature_groups is None else np.asarray(feature_groups)
+        )
+
+    def __reduce__(self):
+        return (type(self), (list(self), self.feature_groups))
+
+
 class CRFppTemplateVectorizer(
     TransformerMixin, BaseEstimator, auto_wrap_output_keys=None
 ):
@@ -264,6 +298,12 @@ class CRFppTemplateVectorizer(
     uses_transitions_ : bool
         Whether the template has a ``B`` line, i.e. asks for transition
         features between neighbouring labels.
+    feature_groups_ : ndarray of int64 of shape (n_features,)
+        For every column, the index in ``unigram_templates_`` of the
+        template line that produced it (the first one, if two lines render
+        the same string). Pass it to
+        :class:`skgpstruct.kernels.GroupedLinearKernel` to learn one prior
+        variance per template.
     unigram_templates_ : list of str
         The ``U`` lines, in template order.
     transition_templates_ : list of str
@@ -328,8 +368,11 @@ class CRFppTemplateVectorizer(
             Binary float64 features of every sequence.
         """
         expanded = self._fit(X)
-        return [self._to_matrix(lines, len(seq)) for lines, seq in
-                zip(expanded, X, strict=True)]
+        return FeatureSequences(
+            [self._to_matrix(lines, len(seq)) for lines, seq in
+             zip(expanded, X, strict=True)],
+            feature_groups=self.feature_groups_,
+        )
 
     def _fit(self, X):
         self._validate_params()
@@ -338,15 +381,19 @@ class CRFppTemplateVectorizer(
         if len(X) == 0:
             raise ValueError("X contains no sequences; at least one is required")
         counts = Counter()
+        source_line = {}
         expanded = []
         for i, seq in enumerate(X):
             _check_columns(unigrams, seq, i)
             lines = _expand(unigrams, seq)
-            for strings in lines:
+            for line_index, strings in enumerate(lines):
                 counts.update(strings)
+                for string in strings:
+                    source_line.setdefault(string, line_index)
             expanded.append(lines)
         kept = sorted(f for f, n in counts.items() if n >= self.min_count)
         self.vocabulary_ = {f: k for k, f in enumerate(kept)}
+        self.feature_groups_ = np.array([source_line[f] for f in kept], dtype=np.int64)
         self.uses_transitions_ = bool(bigrams)
         self.unigram_templates_ = [line.text for line in unigrams]
         self.transition_templates_ = [line.text for line in bigrams]
@@ -366,8 +413,11 @@ class CRFppTemplateVectorizer(
 
         Returns
         -------
-        Xt : list of scipy.sparse.csr_matrix of shape (T_i, n_features)
-            Binary float64 features of every sequence.
+        Xt : FeatureSequences of scipy.sparse.csr_matrix of shape (T_i, n_features)
+            Binary float64 features of every sequence: a list that also
+            carries ``feature_groups`` (the template of every column), which
+            :class:`~skgpstruct.GPStructClassifier` uses with
+            ``feature_groups="auto"``.
         """
         check_is_fitted(self, "vocabulary_")
         X = _check_token_sequences(X)
@@ -375,7 +425,7 @@ class CRFppTemplateVectorizer(
         for i, seq in enumerate(X):
             _check_columns(self._unigrams, seq, i)
             out.append(self._to_matrix(_expand(self._unigrams, seq), len(seq)))
-        return out
+        return FeatureSequences(out, feature_groups=self.feature_groups_)
 
     def _to_matrix(self, lines, n_tokens):
         n_features = len(self.vocabulary_)

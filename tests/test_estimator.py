@@ -151,7 +151,7 @@ def test_init_stores_parameters_unchanged():
         "inducing": "random", "n_predict_samples": 5, "n_jobs": 2,
         "random_state": 42, "verbose": 1, "warm_start": True,
         "inference": "ess", "ess_n_iter": 12, "ess_burn_in": 3, "ess_thin": 2,
-        "ess_memory_limit": 10**6,
+        "ess_memory_limit": 10**6, "feature_groups": None,
     }
     params = GPStructClassifier(**given).get_params(deep=False)
     assert params.keys() == given.keys()
@@ -632,10 +632,10 @@ BAD_PARAMS = [
     ({"optimizer": "adam"}, r"optimizer must be one of \['lbfgs'\]"),
     ({"inducing": "foo"}, r"inducing must be one of \[.*'kmeans\+\+'.*got 'foo'"),
     ({"inducing": "features", "kernel": "rbf"},
-     r"inducing='features' needs the linear kernel"),
+     r"inducing='features' needs a linear kernel"),
     ({"covariance": None}, r"covariance must be one of"),
     ({"kernel": "foo"}, r"unknown kernel 'foo'"),
-    ({"likelihood": "foo"}, r"likelihood must be one of \['crf'\]"),
+    ({"likelihood": "foo"}, r"likelihood must be one of \['crf', 'pseudo'\]"),
     ({"n_inducing": 0}, r"n_inducing must be an integer >= 1, got 0"),
     ({"n_inducing": -3}, r"n_inducing must be an integer >= 1"),
     ({"n_inducing": 2.5}, r"n_inducing must be an integer >= 1"),

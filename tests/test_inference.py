@@ -35,7 +35,7 @@ from skgpstruct.inference.posterior import (
     kl_unary,
 )
 from skgpstruct.inference.terms import Chunk, SharedState, chunk_terms
-from skgpstruct.kernels import LinearKernel, RBFKernel
+from skgpstruct.kernels import GroupedLinearKernel, LinearKernel, RBFKernel
 from skgpstruct.likelihoods import ChainCRF
 
 V, M = 3, 5
@@ -80,7 +80,12 @@ def _problem(
             for i in range(t):
                 rows[i, rng.choice(12, size=3, replace=False)] = 1.0
             X.append(sp.csr_matrix(rows))
-        kernel = LinearKernel(variance=1.3, bias=0.7)
+        if kernel_name == "grouped":
+            kernel = GroupedLinearKernel(
+                groups=np.arange(12) % 3, variance=[1.3, 0.4, 2.0], bias=0.7
+            )
+        else:
+            kernel = LinearKernel(variance=1.3, bias=0.7)
     y = [rng.integers(V, size=t) for t in lengths]
     Xs, offsets = stack_sequences(X)
     labels = np.concatenate(y).astype(np.int64)
@@ -130,6 +135,8 @@ def _problem(
         ("linear", 3, True, False),
         ("linear", 1, False, True),
         ("linear", 2, True, True),
+        ("grouped", 1, False, True),
+        ("grouped", 1, False, False),
     ],
 )
 def test_pathwise_gradient_matches_finite_differences(kernel_name, K, full, features):
@@ -153,7 +160,12 @@ def test_pathwise_gradient_matches_finite_differences(kernel_name, K, full, feat
 
 @pytest.mark.parametrize(
     "kernel_name, K, full, features",
-    [("rbf", 1, False, False), ("rbf", 2, True, False), ("linear", 1, False, True)],
+    [
+        ("rbf", 1, False, False),
+        ("rbf", 2, True, False),
+        ("linear", 1, False, True),
+        ("grouped", 1, False, True),
+    ],
 )
 def test_score_objective_gradient_matches_finite_differences(
     kernel_name, K, full, features

@@ -631,3 +631,102 @@ def test_ard_errors(rng):
 def test_kernel_is_abstract():
     with pytest.raises(TypeError):
         Kernel()
+
+
+# --------------------------------------------------------------------------
+# GroupedLinearKernel
+def _grouped_reference(X, Y, groups, variance, bias):
+    """sum_g variance_g x_g . y_g + bias, by explicit loops."""
+    X, Y = np.asarray(X), np.asarray(Y)
+    K = np.full((X.shape[0], Y.shape[0]), float(bias))
+    for i in range(X.shape[0]):
+        for j in range(Y.shape[0]):
+            for d in range(X.shape[1]):
+                K[i, j] += variance[groups[d]] * X[i, d] * Y[j, d]
+    return K
+
+
+@pytest.mark.parametrize("sparse", [False, True])
+def test_grouped_linear_values_gradients_and_feature_map(sparse):
+    from skgpstruct.kernels import GroupedLinearKernel
+
+    rng = np.random.default_rng(0)
+    groups = np.array([0, 1, 1, 2, 0, 2])
+    variance = np.array([0.5, 2.0, 1.5])
+    Xd = rng.normal(size=(4, 6)) * (rng.random((4, 6)) < 0.6)
+    Yd = rng.normal(size=(3, 6)) * (rng.random((3, 6)) < 0.6)
+    X = sp.csr_matrix(Xd) if sparse else Xd
+    Y = sp.csr_matrix(Yd) if sparse else Yd
+    kernel = GroupedLinearKernel(groups, variance=variance, bias=0.3)
+    np.testing.assert_allclose(
+        kernel(X, Y), _grouped_reference(Xd, Yd, groups, variance, 0.3), rtol=1e-12
+    )
+    np.testing.assert_allclose(kernel.diag(X), np.diag(kernel(X)), rtol=1e-12)
+    # The explicit feature map reproduces the kernel.
+    scales = kernel.feature_scales(6)
+    phi_x = np.hstack([Xd, np.ones((4, 1))]) * scales
+    phi_y = np.hstack([Yd, np.ones((3, 1))]) * scales
+    np.testing.assert_allclose(phi_x @ phi_y.T, kernel(X, Y), rtol=1e-12)
+    # Gradients against central finite differences in theta.
+    G = rng.normal(size=(4, 3))
+    g = rng.normal(size=4)
+    d_scales = rng.normal(size=7)
+    theta = kernel.theta
+    h = 1e-6
+    for i in range(theta.size):
+        step = np.zeros_like(theta)
+        step[i] = h
+        plus, minus = kernel.clone_with_theta(theta + step), kernel.clone_with_theta(
+            theta - step
+        )
+        fd = (np.sum(G * plus(X, Y)) - np.sum(G * minus(X, Y))) / (2 * h)
+        np.testing.assert_allclose(kernel.gradient_vjp(X, Y, G)[i], fd, rtol=1e-6)
+        fd_sym = (
+            np.sum(np.outer(g, g) * plus(X)) - np.sum(np.outer(g, g) * minus(X))
+        ) / (2 * h)
+        np.testing.assert_allclose(
+            kernel.gradient_vjp(X, None, np.outer(g, g))[i], fd_sym, rtol=1e-6
+        )
+        fd_diag = (g @ plus.diag(X) - g @ minus.diag(X)) / (2 * h)
+        np.testing.assert_allclose(
+            kernel.diag_gradient_vjp(X, g)[i], fd_diag, rtol=1e-6
+        )
+        fd_scales = (
+            d_scales @ plus.feature_scales(6) - d_scales @ minus.feature_scales(6)
+        ) / (2 * h)
+        np.testing.assert_allclose(
+            kernel.feature_scales_vjp(d_scales)[i], fd_scales, rtol=1e-6
+        )
+
+
+def test_linear_feature_map_matches_kernel_and_gradient():
+    rng = np.random.default_rng(1)
+    X = rng.normal(size=(3, 5))
+    kernel = LinearKernel(variance=1.7, bias=0.4)
+    scales = kernel.feature_scales(5)
+    phi = np.hstack([X, np.ones((3, 1))]) * scales
+    np.testing.assert_allclose(phi @ phi.T, kernel(X), rtol=1e-12)
+    d_scales = rng.normal(size=6)
+    h = 1e-6
+    for i in range(2):
+        step = np.zeros(2)
+        step[i] = h
+        fd = (
+            d_scales @ kernel.clone_with_theta(kernel.theta + step).feature_scales(5)
+            - d_scales @ kernel.clone_with_theta(kernel.theta - step).feature_scales(5)
+        ) / (2 * h)
+        np.testing.assert_allclose(
+            kernel.feature_scales_vjp(d_scales)[i], fd, rtol=1e-6
+        )
+
+
+def test_grouped_linear_refuses_bad_groups():
+    from skgpstruct.kernels import GroupedLinearKernel
+
+    X = np.ones((2, 3))
+    with pytest.raises(ValueError, match="groups has 2 entries"):
+        GroupedLinearKernel([0, 1])(X)
+    with pytest.raises(ValueError, match="integer group indices"):
+        GroupedLinearKernel([0.5, 1.0, 2.0])(X)
+    with pytest.raises(ValueError, match="one per group"):
+        GroupedLinearKernel([0, 1, 1], variance=[1.0, 2.0, 3.0])(X)

@@ -8,12 +8,14 @@ checked against brute-force enumeration), and both are fitted through the
 estimator on easy synthetic data.
 """
 
+import pickle
 import warnings
 
 import _chain_reference as ref
 import numpy as np
 import pytest
 from scipy.special import logsumexp
+from sklearn.base import clone
 from sklearn.exceptions import ConvergenceWarning
 
 from skgpstruct import GPStructClassifier
@@ -91,7 +93,7 @@ def chain_loglik_numpy(unary, pairwise, y):
 
 @pytest.mark.parametrize("lengths", LENGTHS)
 @pytest.mark.parametrize("n_labels", [1, 2, 4])
-@pytest.mark.parametrize("scale", [1e-2, 1.0, 1e3])
+@pytest.mark.parametrize("scale", [1e-2, 1.0, 1e2, 1e3])
 def test_pseudo_matches_per_token_loop(lengths, n_labels, scale):
     unary, pairwise, offsets, labels = _problem(
         0, lengths, n_labels=n_labels, scale=scale
@@ -150,7 +152,8 @@ def test_pseudo_of_a_single_label_is_zero():
     value, gu, gp = PiecewisePseudoLikelihood().log_prob_and_gradient(
         unary, pairwise, offsets, labels
     )
-    assert np.all(value == 0.0) and np.all(gu == 0.0) and np.all(gp == 0.0)
+    for array in (value, gu, gp):
+        np.testing.assert_allclose(array, 0.0, rtol=0, atol=1e-14)
 
 
 def test_pseudo_without_tokens():
@@ -162,6 +165,14 @@ def test_pseudo_without_tokens():
     assert value.shape == (3, 2) and np.all(value == 0.0)
     assert gu.shape == (3, 0, 2) and gp.shape == (3, 2, 2, 2)
     assert np.all(gp == 0.0)
+
+
+def test_pseudo_without_samples_has_the_chain_shapes():
+    args = (np.zeros((0, 3, 2)), np.zeros((0, 2, 2)), np.array([0, 3]),
+            np.array([0, 1, 1]))
+    shapes = [x.shape for x in ChainCRF().log_prob_and_gradient(*args)]
+    pseudo = PiecewisePseudoLikelihood().log_prob_and_gradient(*args)
+    assert [x.shape for x in pseudo] == shapes
 
 
 @pytest.mark.parametrize(
@@ -412,6 +423,12 @@ def test_callable_exact_chain_reaches_the_built_in_accuracy(data):
         accuracies[name] = token_accuracy(y_test, model.predict(X_test))
     assert accuracies["crf"] > majority_rate(y_test) + 0.3, accuracies
     assert accuracies["callable"] >= accuracies["crf"] - 0.02, accuracies
+
+
+def test_estimator_with_a_callable_clones_and_pickles():
+    model = GPStructClassifier(likelihood=chain_loglik_numpy, gradient="score")
+    assert clone(model).likelihood is chain_loglik_numpy
+    assert pickle.loads(pickle.dumps(model)).likelihood is chain_loglik_numpy
 
 
 def test_callable_with_pathwise_gradient_is_refused(data):

@@ -7,7 +7,6 @@ import scipy.sparse as sp
 from scipy import linalg
 
 from .._linalg import cholesky_backward, jitter_cholesky
-from ..kernels import LinearKernel
 
 __all__ = [
     "distinct_rows",
@@ -177,10 +176,12 @@ class InducingPoints:
 class InducingFeatures:
     """The weights of a linear kernel as inducing variables (weight space).
 
-    For ``k(x, x') = variance * (x . x' + bias)``, ``f_j(x) = w_j . phi(x)``
-    with ``phi(x) = sqrt(variance) * [x, sqrt(bias)]`` and ``w_j ~ N(0, I)``:
-    taking ``u_j = w_j`` (an inter-domain inducing variable, already white)
-    makes ``p(f | u)`` exact, so the residual is zero and every feature is
+    For a kernel with an explicit diagonal feature map,
+    ``k(x, x') = phi(x) . phi(x')`` with ``phi(x) = c * [x, 1]`` (the linear
+    kernels: ``c`` holds the square roots of the weight and offset prior
+    variances), ``f_j(x) = w_j . phi(x)`` with ``w_j ~ N(0, I)``. Taking
+    ``u_j = w_j`` (an inter-domain inducing variable, already white) makes
+    ``p(f | u)`` exact, so the residual is zero and every feature is
     represented. ``B`` restricted to the features active in a sequence is a
     small dense matrix; no M x M factorisation is needed. M = n_features + 1.
 
@@ -195,6 +196,13 @@ class InducingFeatures:
     @property
     def n_inducing(self):
         return self.n_features + 1
+
+    @staticmethod
+    def supports(kernel):
+        """Whether the kernel has the explicit feature map this needs."""
+        return hasattr(kernel, "feature_scales") and hasattr(
+            kernel, "feature_scales_vjp"
+        )
 
     def chunk_layout(self, X, offsets):
         """Per sequence: its active features and X with local column indices.
@@ -216,35 +224,34 @@ class InducingFeatures:
         return rows, local
 
     def prepare(self, kernel):
-        if not isinstance(kernel, LinearKernel):
+        """Per-evaluation state: the feature scales of the kernel."""
+        if not self.supports(kernel):
             raise ValueError(
-                "inducing features are defined for the linear kernel only, got "
-                f"{kernel!r}; use inducing points for other kernels"
+                "inducing features need a kernel with an explicit feature map "
+                f"(the linear kernels), got {kernel!r}; use inducing points"
             )
-        return None
+        return kernel.feature_scales(self.n_features)
 
-    def project(self, kernel, state, X, offsets, layout=None):
+    def project(self, kernel, scales, X, offsets, layout=None):
         """Projection of the tokens X (sequences delimited by offsets)."""
         rows, local = layout if layout is not None else self.chunk_layout(X, offsets)
-        scale = np.sqrt(kernel.variance)
-        bias_value = scale * np.sqrt(kernel.bias)
-        pieces = []
-        for block in local:
-            B_n = np.empty((block.shape[0] + 1, block.shape[1]))
-            B_n[:-1] = block.toarray()
-            B_n[:-1] *= scale
-            B_n[-1] = bias_value
-            pieces.append(B_n)
-        return Projection(rows, pieces, np.zeros(X.shape[0]))
+        pieces, unscaled = [], []
+        for rows_n, block in zip(rows, local, strict=True):
+            U_n = np.empty((block.shape[0] + 1, block.shape[1]))
+            U_n[:-1] = block.toarray()
+            U_n[-1] = 1.0
+            unscaled.append(U_n)
+            pieces.append(scales[rows_n][:, None] * U_n)
+        return Projection(rows, pieces, np.zeros(X.shape[0]), cache=unscaled)
 
-    def backward(self, kernel, state, X, projection, d_B, d_residual):
-        # B = sqrt(variance) * [x; sqrt(bias)]: d/dlog(variance) = B / 2 and
-        # d/dlog(bias) = B[bias row] / 2.
-        pairs = list(zip(d_B, projection.B, strict=True))
-        d_log_var = 0.5 * sum(np.sum(g * b) for g, b in pairs)
-        d_log_bias = 0.5 * sum(np.sum(g[-1] * b[-1]) for g, b in pairs)
-        grads = {"variance": d_log_var, "bias": d_log_bias}
-        return None, np.array([grads[name] for name in kernel.hyperparameter_names])
+    def backward(self, kernel, scales, X, projection, d_B, d_residual):
+        """Gradient w.r.t. the feature scales (returned as the state gradient)."""
+        # B_n = scales[rows_n] * U_n  =>  d scale_d = sum_t dB_n[d, t] U_n[d, t]
+        d_scales = np.zeros(self.n_features + 1)
+        for rows_n, g, u in zip(projection.rows, d_B, projection.cache, strict=True):
+            d_scales[rows_n] += np.einsum("rt,rt->r", g, u)
+        return d_scales, np.zeros(kernel.n_dims)
 
-    def finish_gradient(self, kernel, state, d_state):
-        return np.zeros(kernel.n_dims)
+    def finish_gradient(self, kernel, scales, d_scales):
+        """Gradient in theta from the summed gradient w.r.t. the scales."""
+        return kernel.feature_scales_vjp(d_scales)

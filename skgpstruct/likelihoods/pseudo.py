@@ -20,14 +20,29 @@ def _segment_sum(values, offsets):
     return out
 
 
-def _log_softmax(x, axis):
-    """``x - logsumexp(x, axis)`` and the softmax, stable for any scale."""
-    shifted = x - np.max(x, axis=axis, keepdims=True)
-    exp = np.exp(shifted)
-    total = np.sum(exp, axis=axis, keepdims=True)
-    exp /= total
-    shifted -= np.log(total)
-    return shifted, exp
+# Below this magnitude exp() of a potential neither overflows nor underflows
+# (exp(300) ~ 2e130), so a log-sum-exp needs no shift.
+_UNSHIFTED_MAGNITUDE = 300.0
+
+
+def _exp_and_log_normaliser(x):
+    """``exp(x - shift)``, its row sums and ``logsumexp(x, axis=-1)``.
+
+    NumPy reduces a short last axis slowly (a max over it costs more than
+    ``exp`` of the whole array), so the usual per-row max shift is taken
+    only when some potential is too large for ``exp``; otherwise the row
+    sums are one matrix-vector product. ``shift`` is 0 or the row max, and
+    ``exp / sums[..., None]`` is the softmax either way.
+    """
+    ones = np.ones(x.shape[-1])
+    if x.size == 0 or max(x.max(), -x.min()) <= _UNSHIFTED_MAGNITUDE:
+        exp = np.exp(x)
+        sums = exp @ ones
+        return exp, sums, np.log(sums)
+    shift = np.max(x, axis=-1, keepdims=True)
+    exp = np.exp(x - shift)
+    sums = exp @ ones
+    return exp, sums, np.log(sums) + shift[..., 0]
 
 
 class PiecewisePseudoLikelihood(Likelihood):
@@ -107,29 +122,49 @@ class PiecewisePseudoLikelihood(Likelihood):
         tokens = np.arange(n_tokens)
 
         # Unary factors: log softmax at the observed label, per token.
-        log_soft, soft = _log_softmax(unary, axis=2)
-        per_token = log_soft[:, tokens, labels]  # (S, n_tokens)
+        # (np.take on a flat axis gathers much faster than unary[:, t, y].)
+        exp_unary, sum_unary, log_norm = _exp_and_log_normaliser(unary)
+        observed = tokens * n_labels + labels
+        flat_unary = unary.reshape(n_samples, n_tokens * n_labels)
+        per_token = np.take(flat_unary, observed, axis=1)
+        per_token -= log_norm
 
-        # Transition factors, indexed by their first token t (t, t+1 in the
-        # same sequence). Column / row normalisers are per sample only.
-        log_col, col = _log_softmax(pairwise, axis=1)  # y_t given y_{t+1}
-        log_row, row = _log_softmax(pairwise, axis=2)  # y_{t+1} given y_t
+        # Transition factors (t, t+1), both tokens in one sequence, indexed
+        # by t. Their two local conditionals, y_t given y_{t+1} (down column
+        # b) and y_{t+1} given y_t (along row a), depend on the sample and
+        # the label pair only: a (S, V * V) table, gathered per token; the
+        # last token of a sequence points to an extra column of zeros.
+        exp_col, sum_col, log_col = _exp_and_log_normaliser(
+            np.swapaxes(pairwise, 1, 2)
+        )  # exp_col[s, b, a] = exp(P[s, a, b] - shift); log_col over columns b
+        exp_row, sum_row, log_row = _exp_and_log_normaliser(pairwise)
+        table = np.zeros((n_samples, n_labels * n_labels + 1))
+        table[:, :-1] = (
+            2.0 * pairwise - log_col[:, None, :] - log_row[:, :, None]
+        ).reshape(n_samples, n_labels * n_labels)
         sequence = np.repeat(np.arange(n_seq), np.diff(offsets))
         first = np.flatnonzero(sequence[:-1] == sequence[1:])
         a, b = labels[first], labels[first + 1]
-        per_token[:, first] += log_col[:, a, b] + log_row[:, a, b]
+        pair_index = np.full(n_tokens, n_labels * n_labels)
+        pair_index[first] = a * n_labels + b
+        per_token += np.take(table, pair_index, axis=1)
         log_prob = _segment_sum(per_token, offsets)
         if not with_gradient:
             return (log_prob,)
 
-        grad_unary = np.negative(soft, out=soft)
-        grad_unary[:, tokens, labels] += 1.0
+        # d/du = onehot(y) - softmax(u)
+        grad_unary = np.multiply(
+            exp_unary, (-1.0 / sum_unary)[..., None], out=exp_unary
+        )
+        grad_unary.reshape(n_samples, n_tokens * n_labels)[:, observed] += 1.0
 
-        flat = (sequence[first] * n_labels + a) * n_labels + b
+        flat = sequence[first] * (n_labels * n_labels) + pair_index[first]
         counts = np.bincount(flat, minlength=n_seq * n_labels * n_labels)
         counts = counts.reshape(n_seq, n_labels, n_labels).astype(np.float64)
         n_in = counts.sum(axis=1)  # (n_seq, V): transitions into label b
         n_out = counts.sum(axis=2)  # (n_seq, V): transitions out of label a
+        col = np.swapaxes(exp_col / sum_col[..., None], 1, 2)  # softmax, axis 1
+        row = exp_row / sum_row[..., None]  # softmax along axis 2
         grad_pairwise = np.empty((n_samples, n_seq, n_labels, n_labels))
         np.multiply(n_in[None, :, None, :], col[:, None], out=grad_pairwise)
         grad_pairwise += n_out[None, :, :, None] * row[:, None]
