@@ -33,7 +33,13 @@ from .inference.posterior import ParameterLayout, VariationalParameters
 from .inference.terms import Chunk, sample_unary
 from .kernels import GroupedLinearKernel, LinearKernel, check_kernel
 from .likelihoods import get_likelihood
-from .optim.lbfgs import Timer, minimize_lbfgs, minimize_lbfgs_rounds
+from .optim.lbfgs import (
+    OptimizationResult,
+    Timer,
+    minimize_lbfgs,
+    minimize_lbfgs_rounds,
+)
+from .optim.saga import maximize_saga
 
 __all__ = ["GPStructClassifier"]
 
@@ -50,10 +56,22 @@ _OPTIONS = {
     "inference": ("variational", "ess"),
     "covariance": ("full", "diag"),
     "gradient": ("pathwise", "score"),
-    "optimizer": ("lbfgs",),
+    "optimizer": ("lbfgs", "stochastic"),
     "decode": ("viterbi", "marginal"),
     "inducing": ("auto", "features", "kmeans++", "random"),
 }
+
+
+def _make_chunks(sequences, offsets, label_index, groups, seeds):
+    """One Chunk per group of sequence indices (rows stacked in group order)."""
+    chunks = []
+    for group, chunk_seed in zip(groups, seeds, strict=True):
+        X_c, chunk_offsets = stack_sequences([sequences[i] for i in group])
+        labels = np.concatenate(
+            [label_index[offsets[i] : offsets[i + 1]] for i in group]
+        ).astype(np.int64)
+        chunks.append(Chunk(X_c, chunk_offsets, labels, chunk_seed))
+    return chunks
 
 
 def _sequence_fingerprint(X_n):
@@ -95,19 +113,37 @@ class GPStructClassifier(BaseEstimator):
         Mixture components K of the posterior over inducing variables.
     covariance : {"full", "diag"}, default="diag"
         Full (lower-triangular factor) or diagonal posterior covariances.
-    likelihood : "crf" or Likelihood, default="crf"
-        The sequence likelihood; ``"crf"`` is the exact linear chain.
+    likelihood : {"crf", "pseudo"}, Likelihood or callable, default="crf"
+        The sequence likelihood: ``"crf"`` the exact linear chain, ``"pseudo"``
+        the piecewise pseudo-likelihood (each factor normalised on its own),
+        a :class:`~skgpstruct.likelihoods.Likelihood`, or a plain function
+        ``log_lik(unary, pairwise, y) -> (n_samples,)`` giving ``log p(y | f)``
+        of one sequence (it then needs ``gradient="score"``, and must be
+        picklable when ``n_jobs != 1``). Prediction always uses the chain.
     gradient : {"pathwise", "score"}, default="pathwise"
         Monte Carlo gradient estimator: reparameterisation (needs the
         likelihood's gradient) or the score-function estimator with control
         variates (needs only ``log p(y | f)``).
-    optimizer : {"lbfgs"}, default="lbfgs"
-        L-BFGS-B on the fixed-sample objective (batch mode).
+    optimizer : {"lbfgs", "stochastic"}, default="lbfgs"
+        ``"lbfgs"``: L-BFGS-B on the fixed-sample objective (batch mode).
+        ``"stochastic"``: SAGA over mini-batches of ``batch_size`` sequences
+        with fresh Monte Carlo samples at every step (the stored gradient of
+        every mini-batch and their running sum are updated incrementally),
+        the exact KL gradient, and Adam-scaled steps of size
+        ``learning_rate / sqrt(epoch)`` (half that for the kernel and
+        pairwise-prior hyperparameters). ``max_iter`` then counts epochs, and
+        the fit stops when the epoch-mean ELBO has improved by less than
+        ``tol`` (relative) for 3 epochs.
     n_samples : int, default=8
         Monte Carlo samples per sequence (and component) in the ELBO. The
         score estimator needs more than the pathwise one (16 or more).
     max_iter : int, default=300
-        Maximum number of L-BFGS iterations.
+        Maximum number of L-BFGS iterations (epochs with
+        ``optimizer="stochastic"``).
+    batch_size : int, default=10
+        Sequences per mini-batch (``optimizer="stochastic"``).
+    learning_rate : float, default=0.05
+        Initial step size of the stochastic optimiser.
     tol : float, default=1e-6
         Relative change of the ELBO under which the optimisation stops.
     decode : {"viterbi", "marginal"}, default="viterbi"
@@ -233,6 +269,8 @@ GroupedLinearKernel`: automatic relevance determination per group).
         optimizer="lbfgs",
         n_samples=8,
         max_iter=300,
+        batch_size=10,
+        learning_rate=0.05,
         tol=1e-6,
         decode="viterbi",
         learn_hyperparameters=True,
@@ -259,6 +297,8 @@ GroupedLinearKernel`: automatic relevance determination per group).
         self.optimizer = optimizer
         self.n_samples = n_samples
         self.max_iter = max_iter
+        self.batch_size = batch_size
+        self.learning_rate = learning_rate
         self.tol = tol
         self.decode = decode
         self.learn_hyperparameters = learn_hyperparameters
@@ -291,6 +331,7 @@ GroupedLinearKernel`: automatic relevance determination per group).
             ("n_samples", 1),
             ("max_iter", 1),
             ("n_predict_samples", 1),
+            ("batch_size", 1),
             ("ess_n_iter", 1),
             ("ess_thin", 1),
             ("ess_memory_limit", 1),
@@ -319,7 +360,7 @@ GroupedLinearKernel`: automatic relevance determination per group).
             raise ValueError(
                 f"verbose must be a non-negative integer, got {self.verbose!r}"
             )
-        for name in ("tol", "pairwise_prior_variance"):
+        for name in ("tol", "pairwise_prior_variance", "learning_rate"):
             value = getattr(self, name)
             if not isinstance(value, numbers.Real) or not value > 0:
                 raise ValueError(f"{name} must be a positive number, got {value!r}")
@@ -357,7 +398,40 @@ GroupedLinearKernel`: automatic relevance determination per group).
         -------
         self : GPStructClassifier
         """
+        return self._fit(X, y)
+
+    def partial_fit(self, X, y, classes=None):
+        """One stochastic epoch on (X, y), continuing from the current posterior.
+
+        For data that arrives in pieces: the first call starts from the prior
+        (and needs ``classes``, since a piece may not show every label); later
+        calls continue from the posterior, kernel and inducing variables of
+        the previous one. Always uses the SAGA optimiser (one epoch over the
+        mini-batches of this piece), whatever ``optimizer`` says.
+
+        Parameters
+        ----------
+        X : list of array-like or sparse matrices of shape (T_n, n_features)
+        y : list of array-like of shape (T_n,)
+        classes : array-like of shape (n_classes,), default=None
+            All labels that will ever be seen; required on the first call,
+            must match ``classes_`` afterwards.
+
+        Returns
+        -------
+        self : GPStructClassifier
+        """
+        if not hasattr(self, "q_mu_") and classes is None:
+            raise ValueError(
+                "classes must be given on the first call to partial_fit (a "
+                "piece of data may not contain every label)"
+            )
+        return self._fit(X, y, classes=classes, partial=True)
+
+    def _fit(self, X, y, classes=None, partial=False):
         likelihood = self._check_params()
+        optimizer = "stochastic" if partial else self.optimizer
+        max_iter = 1 if partial else self.max_iter
         sequences, is_sparse = check_sequence_features(X)
         lengths = [s.shape[0] for s in sequences]
         labels = check_sequence_labels(y, lengths)
@@ -366,7 +440,18 @@ GroupedLinearKernel`: automatic relevance determination per group).
         # Empty label arrays would promote integer labels to float.
         all_labels = np.concatenate([lab for lab in labels if lab.size])
         try:
-            classes, label_index = np.unique(all_labels, return_inverse=True)
+            if classes is None:
+                classes, label_index = np.unique(all_labels, return_inverse=True)
+            else:
+                classes = np.unique(np.asarray(classes))
+                label_index = np.searchsorted(classes, all_labels)
+                label_index = np.minimum(label_index, len(classes) - 1)
+                unknown = classes[label_index] != all_labels
+                if np.any(unknown):
+                    raise ValueError(
+                        f"y has labels not in classes: "
+                        f"{sorted(set(all_labels[unknown].tolist()))[:5]}"
+                    )
         except TypeError:
             raise ValueError(
                 "y mixes label types that cannot be ordered (for example "
@@ -377,9 +462,11 @@ GroupedLinearKernel`: automatic relevance determination per group).
         self._groups = self._check_feature_groups(X, n_features)
         rng = self._rng()
         if self.inference == "ess":
+            if partial:
+                raise ValueError("partial_fit is not available with inference='ess'")
             return self._fit_ess(X_all, offsets, classes, label_index, is_sparse, rng)
 
-        warm = self.warm_start and hasattr(self, "q_mu_")
+        warm = (self.warm_start or partial) and hasattr(self, "q_mu_")
         if warm and (
             not np.array_equal(classes, self.classes_)
             or n_features != self.n_features_in_
@@ -417,19 +504,22 @@ GroupedLinearKernel`: automatic relevance determination per group).
         x0 = layout.pack(params, kernel.theta if n_theta else None, prior_variance)
 
         seed = np.random.SeedSequence(int(rng.integers(2**63)))
-        slices = chunk_slices(lengths, CHUNK_TOKENS)
-        chunk_seeds = seed.spawn(len(slices))
-        label_offsets = offsets
-        chunks = [
-            Chunk(
-                X=X_all[label_offsets[sl.start] : label_offsets[sl.stop]],
-                offsets=offsets[sl.start : sl.stop + 1] - offsets[sl.start],
-                labels=label_index[label_offsets[sl.start] : label_offsets[sl.stop]]
-                .astype(np.int64),
-                seed=s,
-            )
-            for sl, s in zip(slices, chunk_seeds, strict=True)
-        ]
+        if optimizer == "stochastic":
+            # SAGA items: mini-batches of batch_size sequences, in an order
+            # shuffled once per fit.
+            order = rng.permutation(len(lengths))
+            groups = [
+                order[i : i + self.batch_size]
+                for i in range(0, len(order), self.batch_size)
+            ]
+        else:
+            groups = [
+                np.arange(sl.start, sl.stop)
+                for sl in chunk_slices(lengths, CHUNK_TOKENS)
+            ]
+        chunks = _make_chunks(
+            sequences, offsets, label_index, groups, seed.spawn(len(groups))
+        )
         for chunk in chunks:
             chunk.layout = inducing.chunk_layout(chunk.X, chunk.offsets)
         objective = SparseELBO(
@@ -461,8 +551,12 @@ GroupedLinearKernel`: automatic relevance determination per group).
                 )
 
         with Parallel(n_jobs=self.n_jobs) as parallel:
-
-            if self.gradient == "pathwise":
+            if optimizer == "stochastic":
+                result = self._optimize_stochastic(
+                    objective, layout, x0, bounds, parallel, rng, progress,
+                    max_epochs=max_iter, continue_state=warm and not partial,
+                )
+            elif self.gradient == "pathwise":
 
                 def value_and_grad(x):
                     evaluation = objective.evaluate(x, parallel)
@@ -493,10 +587,11 @@ GroupedLinearKernel`: automatic relevance determination per group).
                     bounds=bounds, max_iter=self.max_iter, tol=self.tol,
                     callback=progress,
                 )
-        if not result.converged:
+        if not result.converged and not partial:
             warnings.warn(
                 f"GPStructClassifier did not converge in {result.n_iter} "
-                f"iterations ({result.message}); increase max_iter or tol",
+                f"{'epochs' if optimizer == 'stochastic' else 'iterations'} "
+                f"({result.message}); increase max_iter or tol",
                 ConvergenceWarning,
                 stacklevel=2,
             )
@@ -569,6 +664,11 @@ GroupedLinearKernel`: automatic relevance determination per group).
         """GPstruct: elliptical slice sampling under the full GP prior."""
         if self.warm_start and hasattr(self, "classes_"):
             raise ValueError("warm_start=True is not supported with inference='ess'")
+        if not (isinstance(self.likelihood, str) and self.likelihood == "crf"):
+            raise ValueError(
+                "inference='ess' samples with the exact chain likelihood only; "
+                f"got likelihood={self.likelihood!r}, use likelihood='crf'"
+            )
         kernel = self._initial_kernel(X_all, is_sparse)
         self.ess_ = sample_posterior(
             X_all, offsets, label_index.astype(np.int64), kernel, len(classes),
@@ -614,6 +714,45 @@ GroupedLinearKernel`: automatic relevance determination per group).
             return InducingFeatures(X_all.shape[1])
         chosen = select_inducing_points(X_all, kernel, self.n_inducing, method, rng)
         return InducingPoints(X_all[chosen])
+
+    def _optimize_stochastic(self, objective, layout, x0, bounds, parallel, rng,
+                             progress, *, max_epochs, continue_state):
+        """SAGA over the mini-batches (see :mod:`skgpstruct.optim.saga`)."""
+        if self.gradient == "score":
+            raise ValueError(
+                "optimizer='stochastic' uses the pathwise estimator; the score "
+                "estimator is available with optimizer='lbfgs'"
+            )
+        chunks = objective.chunks
+
+        def item(i, step, x):
+            evaluation = objective.evaluate(
+                x, parallel, chunks=[chunks[i]], iteration_key=step,
+                include_kl=False,
+            )
+            return evaluation.elbo, evaluation.gradient
+
+        def exact(x):
+            kl_u, kl_bin, gradient = objective.kl_terms(x)
+            return -(kl_u + kl_bin), gradient
+
+        step = np.full(layout.size, float(self.learning_rate))
+        for name in ("theta", "pairwise_log_prior_variance"):
+            step[layout.slices[name]] *= 0.5
+        warm = getattr(self, "_saga_state", None) if continue_state else None
+        result = maximize_saga(
+            item, exact, x0, len(chunks), step_size=step,
+            max_epochs=max_epochs, tol=self.tol, bounds=bounds, rng=rng,
+            callback=lambda epoch, value, seconds: progress(epoch, value, None),
+            state=warm,
+        )
+        self._saga_state = result.state
+        self.saga_memory_bytes_ = result.stored_bytes
+        return OptimizationResult(
+            x=result.x, value=result.history[-1], n_iter=result.n_epochs,
+            converged=result.converged, message=f"{result.n_steps} SAGA steps",
+            history=result.history,
+        )
 
     def _initial_parameters(self, n_classes, n_inducing, rng):
         K, V, M = self.n_components, n_classes, n_inducing

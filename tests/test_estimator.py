@@ -151,7 +151,8 @@ def test_init_stores_parameters_unchanged():
         "inducing": "random", "n_predict_samples": 5, "n_jobs": 2,
         "random_state": 42, "verbose": 1, "warm_start": True,
         "inference": "ess", "ess_n_iter": 12, "ess_burn_in": 3, "ess_thin": 2,
-        "ess_memory_limit": 10**6, "feature_groups": None,
+        "ess_memory_limit": 10**6, "feature_groups": None, "batch_size": 4,
+        "learning_rate": 0.3,
     }
     params = GPStructClassifier(**given).get_params(deep=False)
     assert params.keys() == given.keys()
@@ -629,7 +630,7 @@ BAD_PARAMS = [
     ({"covariance": "foo"}, r"covariance must be one of \['full', 'diag'\]"),
     ({"gradient": "foo"}, r"gradient must be one of \['pathwise', 'score'\]"),
     ({"decode": "foo"}, r"decode must be one of \['viterbi', 'marginal'\]"),
-    ({"optimizer": "adam"}, r"optimizer must be one of \['lbfgs'\]"),
+    ({"optimizer": "adam"}, r"optimizer must be one of \['lbfgs', 'stochastic'\]"),
     ({"inducing": "foo"}, r"inducing must be one of \[.*'kmeans\+\+'.*got 'foo'"),
     ({"inducing": "features", "kernel": "rbf"},
      r"inducing='features' needs a linear kernel"),

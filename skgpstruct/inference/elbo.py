@@ -99,6 +99,7 @@ class SparseELBO:
         scale=1.0,
         iteration_key=0,
         reference=None,
+        include_kl=True,
     ):
         """ELBO and its gradient with respect to the packed vector.
 
@@ -119,6 +120,9 @@ class SparseELBO:
             Score estimator only: the packed posterior the samples are drawn
             from (importance-weighted objective); None draws them from the
             posterior at ``vector``.
+        include_kl : bool, default=True
+            False leaves the KL terms out of the value and the gradient (the
+            stochastic optimiser adds their exact gradient itself).
 
         Returns
         -------
@@ -179,6 +183,24 @@ class SparseELBO:
             if d_state is not None:
                 d_theta += self.inducing.finish_gradient(kernel, state, d_state * scale)
 
+        if not include_kl:
+            gradient = layout.pack_gradient(params, grads, d_theta, 0.0)
+            return ELBOEvaluation(ell, gradient, ell, 0.0, 0.0)
+        kl_u, kl_bin, kl_gradient = self.kl_terms(vector)
+        gradient = layout.pack_gradient(params, grads, d_theta, 0.0) + kl_gradient
+        return ELBOEvaluation(ell - kl_u - kl_bin, gradient, ell, kl_u, kl_bin)
+
+    def kl_terms(self, vector):
+        """The two KL terms and the packed gradient of ``-(KL_u + KL_bin)``.
+
+        Returns
+        -------
+        kl_unary : float
+        kl_pairwise : float
+        gradient : ndarray of shape (layout.size,)
+        """
+        layout = self.layout
+        params, theta = layout.unpack(vector)
         kl_u, kl_u_grads = kl_unary(params)
         prior_variance = layout.pairwise_prior_variance(
             vector, self.pairwise_prior_variance
@@ -186,10 +208,13 @@ class SparseELBO:
         kl_bin, kl_bin_mean, kl_bin_std, kl_bin_prior = kl_pairwise(
             params.pairwise_mean, params.pairwise_std, prior_variance
         )
-        grads.q_mu -= kl_u_grads.q_mu
-        grads.q_sqrt -= kl_u_grads.q_sqrt
-        grads.weights -= kl_u_grads.weights
-        grads.pairwise_mean -= kl_bin_mean
-        grads.pairwise_std -= kl_bin_std
-        gradient = layout.pack_gradient(params, grads, d_theta, -kl_bin_prior)
-        return ELBOEvaluation(ell - kl_u - kl_bin, gradient, ell, kl_u, kl_bin)
+        grads = VariationalParameters(
+            -kl_u_grads.q_mu,
+            -kl_u_grads.q_sqrt,
+            -kl_u_grads.weights,
+            -kl_bin_mean,
+            -kl_bin_std,
+        )
+        theta_grad = None if theta is None else np.zeros_like(theta)
+        gradient = layout.pack_gradient(params, grads, theta_grad, -kl_bin_prior)
+        return kl_u, kl_bin, gradient
