@@ -34,9 +34,12 @@ inducing state and the kernel hyperparameters. Everything is a pure
 function, so a chunk can run in any joblib worker.
 """
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
+
+# Largest size of the base samples a chunk keeps between evaluations.
+NOISE_CACHE_BYTES = 64 * 2**20
 
 __all__ = [
     "Chunk",
@@ -68,6 +71,13 @@ class Chunk:
     labels: np.ndarray
     seed: np.random.SeedSequence
     layout: object = None
+    # Batch-mode base samples, kept between evaluations in this process only.
+    noise_cache: dict = field(default_factory=dict, repr=False)
+
+    def __getstate__(self):
+        state = self.__dict__.copy()
+        state["noise_cache"] = {}  # never shipped to workers
+        return state
 
     @property
     def n_sequences(self):
@@ -128,7 +138,10 @@ def chunk_terms(chunk, shared):
         )
     )
     if shared.estimator == "pathwise":
-        out, d_B, d_residual_sd = _pathwise(chunk, shared, projection, residual_sd, rng)
+        cache = chunk.noise_cache if shared.iteration_key == 0 else None
+        out, d_B, d_residual_sd = _pathwise(
+            chunk, shared, projection, residual_sd, rng, cache
+        )
     elif shared.estimator == "score":
         out, d_B, d_residual_sd = _score(chunk, shared, projection, residual_sd, rng)
     else:  # validated by the estimator; kept as a guard for direct callers
@@ -152,8 +165,8 @@ def _rows(array, rows):
     return array if rows is None else array[:, :, rows]
 
 
-def _draw_inducing(params, rows, S, rng):
-    """Inducing draws v[rows] of every sequence: list of (v, eps).
+def _draw_inducing(params, rows, S, rng, noise=None):
+    """Inducing draws v[rows] of every sequence: list of (v, eps), and the noise.
 
     ``v`` has shape (K, V, n_rows, S); ``eps`` the standard normal noise
     (K, V, M, S) with full covariances, (K, V, n_rows, S) with diagonal ones.
@@ -162,7 +175,8 @@ def _draw_inducing(params, rows, S, rng):
     K, V, M = params.q_mu.shape
     full = params.full_covariance
     sizes = [M if (full or r is None) else r.size for r in rows]
-    noise = rng.standard_normal(K * V * S * sum(sizes))
+    if noise is None:
+        noise = rng.standard_normal(K * V * S * sum(sizes))
     draws, start = [], 0
     for r, size in zip(rows, sizes, strict=True):
         eps = noise[start : start + K * V * size * S].reshape(K, V, size, S)
@@ -173,10 +187,10 @@ def _draw_inducing(params, rows, S, rng):
         else:
             v = mean + _rows(params.q_sqrt, r)[..., None] * eps
         draws.append((v, eps))
-    return draws
+    return draws, noise
 
 
-def sample_unary(params, projection, residual_sd, S, rng):
+def sample_unary(params, projection, residual_sd, S, rng, cache=None):
     """Pathwise samples of the unary potentials of a chunk.
 
     Parameters
@@ -187,6 +201,10 @@ def sample_unary(params, projection, residual_sd, S, rng):
     S : int
         Samples per mixture component.
     rng : numpy.random.Generator
+    cache : dict or None
+        If given, the standard normal draws are taken from it when present
+        and stored in it otherwise (when they take at most
+        ``NOISE_CACHE_BYTES``), so that fixed base samples are drawn once.
 
     Returns
     -------
@@ -198,7 +216,12 @@ def sample_unary(params, projection, residual_sd, S, rng):
     K, V, _ = params.q_mu.shape
     T = residual_sd.shape[0]
     unary = np.empty((K, S, T, V))
-    draws = _draw_inducing(params, projection.rows, S, rng)
+    key = (K, V, S, params.full_covariance)
+    if cache is not None and key in cache:
+        noise, xi = cache[key]
+    else:
+        noise, xi = None, None
+    draws, noise = _draw_inducing(params, projection.rows, S, rng, noise)
     t0 = 0
     for B_n, (v, _) in zip(projection.B, draws, strict=True):
         t1 = t0 + B_n.shape[1]
@@ -208,7 +231,11 @@ def sample_unary(params, projection, residual_sd, S, rng):
             f_n = (B_n.T @ v_mat).reshape(t1 - t0, K, S, V)
             unary[:, :, t0:t1, :] = f_n.transpose(1, 2, 0, 3)
         t0 = t1
-    xi = rng.standard_normal((K, S, T, V))
+    if xi is None:
+        xi = rng.standard_normal((K, S, T, V))
+        if cache is not None:
+            if noise.nbytes + xi.nbytes <= NOISE_CACHE_BYTES:
+                cache[key] = (noise, xi)
     unary += residual_sd[None, None, :, None] * xi
     return unary, draws, xi
 
@@ -223,14 +250,14 @@ def _zero_grads(params):
     return np.zeros_like(params.q_mu), np.zeros_like(params.q_sqrt)
 
 
-def _pathwise(chunk, shared, projection, residual_sd, rng):
+def _pathwise(chunk, shared, projection, residual_sd, rng, cache=None):
     params = shared.params
     K, V, M = params.q_mu.shape
     S = shared.n_samples
     offsets, n_seq, T = chunk.offsets, chunk.n_sequences, chunk.n_tokens
     full = params.full_covariance
 
-    unary, draws, xi = sample_unary(params, projection, residual_sd, S, rng)
+    unary, draws, xi = sample_unary(params, projection, residual_sd, S, rng, cache)
     pairwise = _tile_pairwise(params, shared.pairwise_noise, K)
     log_p, g_unary, g_pair = shared.likelihood.log_prob_and_gradient(
         unary.reshape(K * S, T, V), pairwise, offsets, chunk.labels

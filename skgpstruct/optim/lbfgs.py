@@ -82,7 +82,7 @@ def minimize_lbfgs(
         method="L-BFGS-B",
         bounds=bounds,
         callback=on_iteration,
-        options={"maxiter": max_iter, "ftol": tol, "gtol": tol, "maxcor": 20},
+        options={"maxiter": max_iter, "ftol": tol, "gtol": tol, "maxcor": 10},
     )
     converged = bool(result.success) and result.nit < max_iter
     return OptimizationResult(
