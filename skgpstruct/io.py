@@ -56,6 +56,25 @@ def read_conll(source, encoding="utf-8"):
         names the file and the line.
     FileNotFoundError
         If ``source`` is a path that does not exist.
+
+    See Also
+    --------
+    parse_conll : The same for text already in a string.
+    write_conll : Write tokens and labels back.
+
+    Examples
+    --------
+    A file object works as well as a path; a binary one is decoded with
+    ``encoding``:
+
+    >>> import io
+    >>> from skgpstruct.io import read_conll
+    >>> data = "東京 名詞 B-LOC\\n都 名詞 I-LOC\\n\\nです 助動詞 O\\n".encode("euc-jp")
+    >>> tokens, labels = read_conll(io.BytesIO(data), encoding="euc-jp")
+    >>> tokens
+    [[['東京', '名詞'], ['都', '名詞']], [['です', '助動詞']]]
+    >>> labels
+    [['B-LOC', 'I-LOC'], ['O']]
     """
     if isinstance(source, str | bytes | os.PathLike):
         name = os.fsdecode(source)
@@ -104,6 +123,15 @@ def parse_conll(text, *, source="<string>"):
     ValueError
         If the text holds no token or if lines have different numbers of
         columns (the message names the line).
+
+    Examples
+    --------
+    >>> from skgpstruct.io import parse_conll
+    >>> tokens, labels = parse_conll("He PRP B-NP\\nreckons VBZ B-VP\\n\\nYes UH O\\n")
+    >>> tokens
+    [[['He', 'PRP'], ['reckons', 'VBZ']], [['Yes', 'UH']]]
+    >>> labels
+    [['B-NP', 'B-VP'], ['O']]
     """
     if not isinstance(text, str):
         raise TypeError(
@@ -198,6 +226,21 @@ def format_conll(tokens, labels, *more_labels, sep=" "):
         If the numbers of sequences or tokens do not match, if a sequence is
         empty (it could not be read back) or if a value is empty or contains
         whitespace.
+
+    Examples
+    --------
+    Gold labels, then predicted ones, as ``conlleval`` reads them:
+
+    >>> from skgpstruct.io import format_conll
+    >>> tokens = [[["He", "PRP"], ["reckons", "VBZ"]], [["Yes", "UH"]]]
+    >>> gold = [["B-NP", "B-VP"], ["O"]]
+    >>> predicted = [["B-NP", "I-NP"], ["O"]]
+    >>> print(format_conll(tokens, gold, predicted), end="")
+    He PRP B-NP B-NP
+    reckons VBZ B-VP I-NP
+    <BLANKLINE>
+    Yes UH O O
+    <BLANKLINE>
     """
     if sep not in (" ", "\t"):
         raise ValueError(f"sep must be ' ' or '\\t', got {sep!r}")
@@ -282,6 +325,20 @@ def write_conll(target, tokens, labels, *more_labels, sep=" ", encoding="utf-8")
     ------
     ValueError
         As :func:`format_conll`.
+
+    Examples
+    --------
+    >>> import os
+    >>> import tempfile
+    >>> from skgpstruct.io import read_conll, write_conll
+    >>> tokens = [[["He", "PRP"], ["reckons", "VBZ"]], [["Yes", "UH"]]]
+    >>> labels = [["B-NP", "B-VP"], ["O"]]
+    >>> with tempfile.TemporaryDirectory() as folder:
+    ...     path = os.path.join(folder, "train.data")
+    ...     write_conll(path, tokens, labels, sep="\\t")
+    ...     read_back = read_conll(path)
+    >>> read_back == (tokens, labels)
+    True
     """
     text = format_conll(tokens, labels, *more_labels, sep=sep)
     if isinstance(target, str | bytes | os.PathLike):

@@ -43,7 +43,44 @@ Scorers for :class:`~sklearn.model_selection.GridSearchCV` and
 :func:`~sklearn.model_selection.cross_val_score` are in :data:`SCORERS`
 (names ``"token_accuracy"``, ``"sequence_accuracy"``, ``"chunk_f1"``,
 ``"chunk_precision"``, ``"chunk_recall"``); :func:`get_sequence_scorer`
-returns one by name.
+returns one by name. The same scorers are importable one by one:
+``token_accuracy_scorer``, ``sequence_accuracy_scorer``, ``chunk_f1_scorer``,
+``chunk_precision_scorer`` and ``chunk_recall_scorer``. Each is called as
+``scorer(estimator, X, y)`` and scores ``estimator.predict(X)`` against
+``y``; higher is better.
+
+Examples
+--------
+Every scorer of :data:`SCORERS` at once, in a cross-validation over whole
+sequences (chunk labels are made up from the synthetic classes):
+
+>>> import numpy as np
+>>> from sklearn.model_selection import cross_validate
+>>> from skgpstruct import GPStructClassifier
+>>> from skgpstruct.datasets import make_sequences
+>>> from skgpstruct.metrics import SCORERS
+>>> X, y = make_sequences(n_sequences=30, random_state=0)
+>>> y = [np.array(["O", "B-NP", "I-NP"])[labels] for labels in y]
+>>> scores = cross_validate(GPStructClassifier(random_state=0), X, y, cv=2,
+...                         scoring=SCORERS)
+>>> sorted(name for name in scores if name.startswith("test_"))
+['test_chunk_f1', 'test_chunk_precision', 'test_chunk_recall',
+ 'test_sequence_accuracy', 'test_token_accuracy']
+>>> scores["test_token_accuracy"].shape  # one score per fold
+(2,)
+
+One scorer on a fitted model, called as ``scorer(estimator, X, y)``:
+
+>>> from skgpstruct.metrics import (
+...     chunk_f1_scorer, chunk_precision_scorer, chunk_recall_scorer,
+...     sequence_accuracy_scorer, token_accuracy_scorer)
+>>> clf = GPStructClassifier(random_state=0).fit(X[:20], y[:20])
+>>> scorers = [token_accuracy_scorer, sequence_accuracy_scorer, chunk_f1_scorer,
+...            chunk_precision_scorer, chunk_recall_scorer]
+>>> all(0.0 <= scorer(clf, X[20:], y[20:]) <= 1.0 for scorer in scorers)
+True
+>>> SCORERS["chunk_f1"] is chunk_f1_scorer
+True
 """
 
 import numpy as np
@@ -109,6 +146,14 @@ def token_accuracy(y_true, y_pred):
     -------
     accuracy : float
         In [0, 1], over all tokens of all sequences.
+
+    Examples
+    --------
+    >>> from skgpstruct.metrics import token_accuracy
+    >>> y_true = [["B-NP", "I-NP", "B-VP", "O"], ["B-NP", "O", "B-NP", "I-NP"]]
+    >>> y_pred = [["B-NP", "I-NP", "O", "O"], ["B-NP", "O", "B-NP", "I-NP"]]
+    >>> token_accuracy(y_true, y_pred)  # 7 of 8 tokens
+    0.875
     """
     true, pred = _check_label_pair(y_true, y_pred)
     n_tokens = sum(len(s) for s in true)
@@ -135,6 +180,14 @@ def sequence_accuracy(y_true, y_pred):
     -------
     accuracy : float
         In [0, 1].
+
+    Examples
+    --------
+    >>> from skgpstruct.metrics import sequence_accuracy
+    >>> y_true = [["B-NP", "I-NP", "B-VP", "O"], ["B-NP", "O", "B-NP", "I-NP"]]
+    >>> y_pred = [["B-NP", "I-NP", "O", "O"], ["B-NP", "O", "B-NP", "I-NP"]]
+    >>> sequence_accuracy(y_true, y_pred)  # the second sequence only
+    0.5
     """
     true, pred = _check_label_pair(y_true, y_pred)
     return sum(a == b for a, b in zip(true, pred, strict=True)) / len(true)
@@ -316,6 +369,23 @@ def chunk_precision_recall_fscore_support(y_true, y_pred, *, scheme=None,
         Only with ``average=None``: the sorted chunk types the other arrays
         refer to (types seen in ``y_true`` or ``y_pred``; ``""`` for untyped
         chunks).
+
+    Examples
+    --------
+    Four true chunks (three ``NP``, one ``VP``); three predicted, all
+    correct:
+
+    >>> from skgpstruct.metrics import chunk_precision_recall_fscore_support
+    >>> y_true = [["B-NP", "I-NP", "B-VP", "O"], ["B-NP", "O", "B-NP", "I-NP"]]
+    >>> y_pred = [["B-NP", "I-NP", "O", "O"], ["B-NP", "O", "B-NP", "I-NP"]]
+    >>> precision, recall, f1, support = chunk_precision_recall_fscore_support(
+    ...     y_true, y_pred)
+    >>> precision, recall, round(f1, 4), support
+    (1.0, 0.75, 0.8571, 4)
+    >>> precision, recall, f1, support, types = (
+    ...     chunk_precision_recall_fscore_support(y_true, y_pred, average=None))
+    >>> types.tolist(), recall.tolist(), support.tolist()
+    (['NP', 'VP'], [1.0, 0.0], [3, 1])
     """
     if average not in ("micro", None):
         raise ValueError(f"average must be 'micro' or None, got {average!r}")
@@ -347,6 +417,14 @@ def chunk_precision_score(y_true, y_pred, *, scheme=None):
     -------
     precision : float
         In [0, 1]; 0 when no chunk is predicted.
+
+    Examples
+    --------
+    >>> from skgpstruct.metrics import chunk_precision_score
+    >>> y_true = [["B-NP", "I-NP", "B-VP", "O"], ["B-NP", "O", "B-NP", "I-NP"]]
+    >>> y_pred = [["B-NP", "I-NP", "O", "O"], ["B-NP", "O", "B-NP", "I-NP"]]
+    >>> chunk_precision_score(y_true, y_pred)  # 3 correct of 3 predicted
+    1.0
     """
     return chunk_precision_recall_fscore_support(y_true, y_pred, scheme=scheme)[0]
 
@@ -368,6 +446,14 @@ def chunk_recall_score(y_true, y_pred, *, scheme=None):
     -------
     recall : float
         In [0, 1]; 0 when ``y_true`` has no chunk.
+
+    Examples
+    --------
+    >>> from skgpstruct.metrics import chunk_recall_score
+    >>> y_true = [["B-NP", "I-NP", "B-VP", "O"], ["B-NP", "O", "B-NP", "I-NP"]]
+    >>> y_pred = [["B-NP", "I-NP", "O", "O"], ["B-NP", "O", "B-NP", "I-NP"]]
+    >>> chunk_recall_score(y_true, y_pred)  # 3 found of 4 true chunks
+    0.75
     """
     return chunk_precision_recall_fscore_support(y_true, y_pred, scheme=scheme)[1]
 
@@ -389,6 +475,20 @@ def chunk_f1_score(y_true, y_pred, *, scheme=None):
     -------
     f1 : float
         In [0, 1]; 0 when precision and recall are both 0.
+
+    Examples
+    --------
+    >>> from skgpstruct.metrics import chunk_f1_score
+    >>> y_true = [["B-NP", "I-NP", "B-VP", "O"], ["B-NP", "O", "B-NP", "I-NP"]]
+    >>> y_pred = [["B-NP", "I-NP", "O", "O"], ["B-NP", "O", "B-NP", "I-NP"]]
+    >>> round(chunk_f1_score(y_true, y_pred), 4)  # 2 * 1 * 0.75 / 1.75
+    0.8571
+
+    IOBES labels need their scheme (``conlleval`` does not know ``S``):
+
+    >>> chunk_f1_score([["S-PER", "O", "B-LOC", "E-LOC"]],
+    ...                [["S-PER", "O", "B-LOC", "E-LOC"]], scheme="iobes")
+    1.0
     """
     return chunk_precision_recall_fscore_support(y_true, y_pred, scheme=scheme)[2]
 
@@ -422,6 +522,23 @@ def classification_report(y_true, y_pred, *, scheme=None, digits=4,
         ``"precision"``, ``"recall"``, ``"f1-score"``, ``"support"`` (true
         chunks) and ``"predicted"`` (predicted chunks), and
         ``"token accuracy"`` to a float.
+
+    Examples
+    --------
+    >>> from skgpstruct.metrics import classification_report
+    >>> y_true = [["B-NP", "I-NP", "B-VP", "O"], ["B-NP", "O", "B-NP", "I-NP"]]
+    >>> y_pred = [["B-NP", "I-NP", "O", "O"], ["B-NP", "O", "B-NP", "I-NP"]]
+    >>> print(classification_report(y_true, y_pred, digits=2))
+                    precision     recall   f1-score   support predicted
+    <BLANKLINE>
+                NP       1.00       1.00       1.00         3         3
+                VP       0.00       0.00       0.00         1         0
+    <BLANKLINE>
+         micro avg       1.00       0.75       0.86         4         3
+    token accuracy       0.88
+    <BLANKLINE>
+    >>> classification_report(y_true, y_pred, output_dict=True)["NP"]["f1-score"]
+    1.0
     """
     counts = _chunk_counts(y_true, y_pred, scheme)
     report = {}
@@ -516,6 +633,21 @@ def get_sequence_scorer(name, **kwargs):
         ``scorer(estimator, X, y)``, as :func:`sklearn.metrics.make_scorer`
         builds; usable as ``scoring=`` where the estimator's ``predict``
         returns a list of label arrays.
+
+    Raises
+    ------
+    ValueError
+        If ``name`` is not a key of :data:`SCORERS`.
+
+    Examples
+    --------
+    >>> from skgpstruct.metrics import SCORERS, get_sequence_scorer
+    >>> get_sequence_scorer("chunk_f1") is SCORERS["chunk_f1"]
+    True
+    >>> iobes_f1 = get_sequence_scorer("chunk_f1", scheme="iobes")
+
+    ``iobes_f1(estimator, X, y)`` scores ``estimator.predict(X)``; it fits
+    ``GridSearchCV(..., scoring=iobes_f1)``.
     """
     if name not in SCORERS:
         raise ValueError(

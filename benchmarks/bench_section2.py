@@ -1,0 +1,512 @@
+"""The paper's larger experiment (section 6.2) on basenp, side by side.
+
+BENCHMARK.md section 2: the pool is all 823 sequences of
+``crfpp/basenp/test.data``; repetition ``r`` (r = 0..4) permutes it with
+``np.random.default_rng(r).permutation(823)``, trains on the first 500
+sequences (about 11,600 tokens) and tests on the remaining 323. Features are
+the basenp CRF++ template, its vocabulary fitted on the 500 training
+sequences only. In the same process and on the same features, every
+repetition runs
+
+(a) GPStructClassifier, ``optimizer="lbfgs"`` (batch), ``max_iter`` from
+    ``--max-iter`` (default: the estimator's);
+(b) GPStructClassifier, ``optimizer="stochastic"`` (SAGA), fitted once for
+    every epoch budget of ``--epochs`` (default 1 2 5 10): a time / error
+    curve. Every point is a separate fit from scratch with the same
+    ``random_state``, so the k-epoch fit is exactly the first k epochs of
+    the longer ones (the script checks this on the ELBO histories); its fit
+    time is what k epochs cost, set-up included;
+(c) sklearn-crfsuite (L-BFGS, c1=0) with c2 = 0.1 and c2 = 1, the two
+    values the paper and BENCHMARK.md report, and with c2 chosen by 3-fold
+    inner cross-validation over {0.01, 0.1, 1, 10} (``--no-crf-cv`` skips
+    it).
+
+It prints per repetition and as mean (std over repetitions, ddof=1) the
+token error %, the fit times, the GP's time to its final error (stochastic:
+the time of the shortest epoch budget whose error is no worse than the
+longest budget's) and GP time / CRF time ratios, then the exact command.
+
+Examples
+--------
+Smoke test (one repetition, 100 training sequences, few iterations)::
+
+    python benchmarks/bench_section2.py --quick
+
+The full measurement::
+
+    python benchmarks/bench_section2.py --out benchmarks/results/section2.json
+"""
+
+import argparse
+import json
+import sys
+import traceback
+import warnings
+
+import numpy as np
+from _common import (
+    CRF_C2_GRID,
+    DEFAULT_DATA_DIR,
+    INNER_FOLDS,
+    DataSet,
+    Stopwatch,
+    _fit_crf,
+    check_data_dir,
+    command_line,
+    crfsuite_available,
+    environment,
+    format_mean_std,
+    load_pool,
+    markdown_table,
+    run_crfsuite,
+    take,
+    template_features,
+    to_crfsuite,
+    token_error,
+)
+from sklearn.exceptions import ConvergenceWarning
+
+from skgpstruct import GPStructClassifier
+
+#: BENCHMARK.md section 2: all of basenp/test.data, 500 sequences to train.
+BASENP_ALL = DataSet("basenp", "test.data", 823, 500)
+#: The two fixed c2 values of the paper (regularisation 0.1 and 1.0).
+FIXED_C2 = (0.1, 1.0)
+#: Default stochastic epoch budgets (a time / error curve).
+DEFAULT_EPOCHS = (1, 2, 5, 10)
+#: Default random_state of both GP fits (needed for the curve to be nested).
+DEFAULT_RANDOM_STATE = 0
+#: ``--quick``: one repetition, 100 training sequences, few iterations.
+QUICK_N_TRAIN = 100
+QUICK_MAX_ITER = 20
+QUICK_EPOCHS = (1, 2)
+
+# Quoted from BENCHMARK.md section 2 (not measured by this script).
+QUOTED = [
+    ["paper CRF, regularisation 0.1", "5.13"],
+    ["paper CRF, regularisation 1.0", "4.50"],
+    ["paper GP-VAR-S (most of the gain in the first 120 min)", "5.14"],
+    ["measured sklearn-crfsuite, c2 = 0.1 (about 1 s per fit)", "3.82 (0.24)"],
+    ["measured sklearn-crfsuite, c2 = 1 (about 1 s per fit)", "3.88 (0.14)"],
+]
+
+# GP options exposed on the command line (flag --n-inducing -> n_inducing),
+# shared by the batch and the stochastic fits. max_iter is per optimiser.
+GP_OPTIONS = (
+    "kernel",
+    "n_inducing",
+    "inducing",
+    "covariance",
+    "n_samples",
+    "batch_size",
+    "learning_rate",
+    "tol",
+    "n_jobs",
+    "random_state",
+)
+
+
+def build_parser():
+    parser = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0],
+        epilog="GP options left out take GPStructClassifier's defaults "
+        f"(random_state defaults to {DEFAULT_RANDOM_STATE} here).",
+    )
+    parser.add_argument(
+        "--reps", nargs="+", type=int, default=None, metavar="R",
+        help="repetitions (permutation seeds) to run (default: 0 1 2 3 4)",
+    )
+    parser.add_argument(
+        "--n-train", type=int, default=None, metavar="N",
+        help=f"training sequences taken from the front of each permutation "
+        f"(default {BASENP_ALL.n_train}; the test part is always the last "
+        f"{BASENP_ALL.n_data - BASENP_ALL.n_train})",
+    )
+    parser.add_argument(
+        "--data", default=str(DEFAULT_DATA_DIR), metavar="DIR",
+        help="directory holding crfpp/ and gpstruct-splits/ "
+        "(default: <repo>/../shared/data)",
+    )
+    parser.add_argument("--out", metavar="FILE", help="also write the results as JSON")
+    parser.add_argument(
+        "--quick", action="store_true",
+        help=f"smoke test: the first repetition only, {QUICK_N_TRAIN} training "
+        f"sequences, max_iter={QUICK_MAX_ITER} and epochs "
+        f"{' '.join(map(str, QUICK_EPOCHS))} unless given",
+    )
+    parser.add_argument("--no-batch", action="store_true",
+                        help="skip the GP with optimizer='lbfgs'")
+    parser.add_argument("--no-stochastic", action="store_true",
+                        help="skip the GP with optimizer='stochastic'")
+    parser.add_argument("--no-crf-cv", action="store_true",
+                        help="skip the CRF with c2 chosen by inner CV")
+    parser.add_argument(
+        "-v", "--verbose", action="store_true",
+        help="print the GP's ELBO progress lines",
+    )
+    gp = parser.add_argument_group("GPStructClassifier options")
+    gp.add_argument("--max-iter", type=int, metavar="N",
+                    help="L-BFGS iterations of the batch GP")
+    gp.add_argument(
+        "--epochs", nargs="+", type=int, metavar="K",
+        help="epoch budgets (max_iter) of the stochastic GP, one fit each "
+        f"(default {' '.join(map(str, DEFAULT_EPOCHS))})",
+    )
+    gp.add_argument("--batch-size", type=int, metavar="B",
+                    help="sequences per SAGA mini-batch")
+    gp.add_argument("--learning-rate", type=float, metavar="ETA")
+    gp.add_argument("--n-jobs", type=int, metavar="N")
+    gp.add_argument("--random-state", type=int, default=DEFAULT_RANDOM_STATE,
+                    metavar="SEED")
+    gp.add_argument("--kernel", metavar="NAME", help="e.g. linear, rbf")
+    gp.add_argument("--n-inducing", type=int, metavar="M")
+    gp.add_argument("--inducing", metavar="HOW")
+    gp.add_argument("--covariance", metavar="KIND", help="full or diag")
+    gp.add_argument("--n-samples", type=int, metavar="S")
+    gp.add_argument("--tol", type=float, metavar="TOL")
+    return parser
+
+
+def settings(args):
+    """(reps, n_train, shared GP params, batch max_iter or None, epochs)."""
+    reps = args.reps if args.reps is not None else list(range(5))
+    n_train = args.n_train
+    max_iter, epochs = args.max_iter, args.epochs
+    if args.quick:
+        reps = reps[:1]
+        n_train = QUICK_N_TRAIN if n_train is None else n_train
+        max_iter = QUICK_MAX_ITER if max_iter is None else max_iter
+        epochs = list(QUICK_EPOCHS) if epochs is None else epochs
+    n_train = BASENP_ALL.n_train if n_train is None else n_train
+    if not 1 <= n_train <= BASENP_ALL.n_train:
+        sys.exit(f"--n-train must be in 1..{BASENP_ALL.n_train}, got {n_train}")
+    epochs = sorted(set(DEFAULT_EPOCHS if epochs is None else epochs))
+    if epochs[0] < 1:
+        sys.exit(f"--epochs must be positive, got {epochs}")
+    params = {
+        name: getattr(args, name)
+        for name in GP_OPTIONS
+        if getattr(args, name) is not None
+    }
+    return reps, n_train, params, max_iter, epochs
+
+
+# ---------------------------------------------------------------------- #
+# the GP
+def fit_gp(params, verbose, X_train, y_train, X_test, y_test):
+    """Fit and score one GP; a fit that raises is recorded, not fatal."""
+    gp = GPStructClassifier(**params, verbose=int(verbose))
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always", ConvergenceWarning)
+            with Stopwatch() as fit:
+                gp.fit(X_train, y_train)
+        with Stopwatch() as predict:
+            y_pred = gp.predict(X_test)
+    except Exception as exc:  # noqa: BLE001 - recorded and reported
+        traceback.print_exc()
+        return {
+            "error": float("nan"),
+            "fit_time": float("nan"),
+            "failure": f"{type(exc).__name__}: {exc}",
+        }
+    converged = not any(issubclass(w.category, ConvergenceWarning) for w in caught)
+    for w in caught:
+        if not issubclass(w.category, ConvergenceWarning):
+            warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
+    result = {
+        "error": token_error(y_test, y_pred),
+        "fit_time": fit.seconds,
+        "predict_time": predict.seconds,
+        "n_iter": int(gp.n_iter_),
+        "converged": converged,
+        "elbo": float(gp.elbo_history_[-1]) if gp.elbo_history_ else None,
+        "elbo_history": [float(v) for v in gp.elbo_history_],
+    }
+    if hasattr(gp, "saga_memory_bytes_"):
+        result["saga_memory_bytes"] = int(gp.saga_memory_bytes_)
+    return result
+
+
+def _describe(gp, what):
+    if "failure" in gp:
+        return f"  {what:<16} FAILED: {gp['failure']}"
+    note = "" if gp["converged"] else ", not converged"
+    return (
+        f"  {what:<16} error {gp['error']:6.2f} %   fit {gp['fit_time']:8.2f} s "
+        f"({gp['n_iter']} iterations{note})"
+    )
+
+
+def stochastic_curve(params, epochs, verbose, data):
+    """One stochastic fit per epoch budget; the curve and its summary."""
+    points = []
+    for k in epochs:
+        point = fit_gp({**params, "optimizer": "stochastic", "max_iter": k},
+                       verbose, *data)
+        point["epochs"] = k
+        print(_describe(point, f"GP SAGA {k:>3} ep"), flush=True)
+        points.append(point)
+    ok = [p for p in points if "failure" not in p]
+    # The shorter fits must replay the first epochs of the longer ones.
+    nested = all(
+        np.array_equal(a["elbo_history"], b["elbo_history"][: len(a["elbo_history"])])
+        for a, b in zip(ok, ok[1:], strict=False)
+    )
+    summary = {"curve": points, "nested": nested}
+    if ok:
+        final = ok[-1]
+        first = next(p for p in ok if p["error"] <= final["error"])
+        summary.update(
+            error=final["error"],
+            fit_time=final["fit_time"],
+            epochs=final["epochs"],
+            n_iter=final["n_iter"],
+            saga_memory_bytes=final.get("saga_memory_bytes"),
+            time_to_final_error=first["fit_time"],
+            epochs_to_final_error=first["epochs"],
+        )
+    else:
+        summary.update(error=float("nan"), fit_time=float("nan"),
+                       time_to_final_error=float("nan"))
+    if not nested:
+        print("  note: the ELBO histories of the epoch budgets are not nested "
+              "(the fits did not replay the same steps)", flush=True)
+    return summary
+
+
+# ---------------------------------------------------------------------- #
+# one repetition
+def run_rep(pool, r, n_train, params, max_iter, epochs, args, with_crf):
+    tokens, labels, template = pool
+    perm = np.random.default_rng(r).permutation(BASENP_ALL.n_data)
+    train, test = perm[:n_train], perm[BASENP_ALL.n_train:]
+    y_train, y_test = take(labels, train), take(labels, test)
+    X_train, X_test, names, feature_time = template_features(
+        template, take(tokens, train), take(tokens, test)
+    )
+    result = {
+        "rep": r,
+        "n_train": int(len(train)),
+        "n_test": int(len(test)),
+        "n_train_tokens": int(sum(len(s) for s in y_train)),
+        "n_test_tokens": int(sum(len(s) for s in y_test)),
+        "n_features": int(len(names)),
+        "feature_time": feature_time,
+    }
+    print(
+        f"repetition {r}: {len(train)} training sequences "
+        f"({result['n_train_tokens']} tokens), {len(test)} test "
+        f"({result['n_test_tokens']} tokens), {result['n_features']} features",
+        flush=True,
+    )
+    data = (X_train, y_train, X_test, y_test)
+    if not args.no_batch:
+        batch = {**params, "optimizer": "lbfgs"}
+        if max_iter is not None:
+            batch["max_iter"] = max_iter
+        result["gp_batch"] = fit_gp(batch, args.verbose, *data)
+        result["gp_batch"]["time_to_final_error"] = result["gp_batch"]["fit_time"]
+        print(_describe(result["gp_batch"], "GP L-BFGS"), flush=True)
+    if not args.no_stochastic:
+        result["gp_stochastic"] = stochastic_curve(params, epochs, args.verbose, data)
+    if with_crf:
+        with Stopwatch() as convert:
+            C_train, C_test = to_crfsuite(X_train, names), to_crfsuite(X_test, names)
+        result["crf_convert_time"] = convert.seconds
+        y_train_s = [[str(v) for v in s] for s in y_train]
+        for c2 in FIXED_C2:
+            with Stopwatch() as fit:
+                crf = _fit_crf(C_train, y_train_s, c2)
+            error = token_error(y_test, crf.predict(C_test))
+            result[f"crf_c2={c2:g}"] = {"error": error, "fit_time": fit.seconds}
+            print(f"  CRF c2={c2:<11g} error {error:6.2f} %   fit "
+                  f"{fit.seconds:8.2f} s", flush=True)
+        if not args.no_crf_cv:
+            cv = run_crfsuite(C_train, y_train, C_test, y_test)
+            cv["total_time"] = cv["select_time"] + cv["refit_time"]
+            result["crf_cv"] = cv
+            print(
+                f"  CRF c2 by CV     error {cv['error']:6.2f} %   selection "
+                f"{cv['select_time']:.2f} s + refit {cv['refit_time']:.2f} s "
+                f"(c2={cv['c2']:g})",
+                flush=True,
+            )
+    return result
+
+
+# ---------------------------------------------------------------------- #
+# reporting
+def _get(r, *keys):
+    value = r
+    for key in keys:
+        if not isinstance(value, dict) or key not in value:
+            return float("nan")
+        value = value[key]
+    return float("nan") if value is None else value
+
+
+def _ratio(r, gp_key, crf_keys):
+    gp, crf = _get(r, gp_key, "fit_time"), _get(r, *crf_keys)
+    return gp / crf if np.isfinite(gp) and np.isfinite(crf) and crf > 0 else float("nan")
+
+
+def columns(args, with_crf, epochs):
+    """(header, cell function) pairs of the error and the time tables."""
+    k = epochs[-1]
+    err, time = [], []
+    if not args.no_batch:
+        err.append(("GP L-BFGS", lambda r: _get(r, "gp_batch", "error")))
+        time.append(("GP L-BFGS fit", lambda r: _get(r, "gp_batch", "fit_time")))
+    if not args.no_stochastic:
+        err.append((f"GP SAGA {k} ep", lambda r: _get(r, "gp_stochastic", "error")))
+        time.append((f"GP SAGA {k} ep fit",
+                     lambda r: _get(r, "gp_stochastic", "fit_time")))
+        time.append(("GP SAGA to final error",
+                     lambda r: _get(r, "gp_stochastic", "time_to_final_error")))
+    if with_crf:
+        for c2 in FIXED_C2:
+            key = f"crf_c2={c2:g}"
+            err.append((f"CRF c2={c2:g}", lambda r, key=key: _get(r, key, "error")))
+            time.append((f"CRF c2={c2:g} fit",
+                         lambda r, key=key: _get(r, key, "fit_time")))
+        if not args.no_crf_cv:
+            err.append(("CRF c2 by CV", lambda r: _get(r, "crf_cv", "error")))
+            time.append(("CRF CV selection + refit",
+                         lambda r: _get(r, "crf_cv", "total_time")))
+        crf_ref = ("crf_cv", "total_time") if not args.no_crf_cv else (
+            "crf_c2=1", "fit_time")
+        ref = "CRF CV total" if not args.no_crf_cv else "CRF c2=1"
+        for gp_key, name in (("gp_batch", "GP L-BFGS"), ("gp_stochastic", "GP SAGA")):
+            if not getattr(args, f"no_{gp_key[3:]}"):
+                time.append((f"{name} / {ref}",
+                             lambda r, g=gp_key: _ratio(r, g, crf_ref)))
+    return err, time
+
+
+def table(reps, cols, digits, unit):
+    header = ["repetition"] + [name for name, _ in cols]
+    rows = []
+    for r in reps:
+        rows.append([str(r["rep"])] + [
+            format_mean_std([f(r)], digits=digits, unit=unit) for _, f in cols
+        ])
+    if len(reps) > 1:
+        rows.append([f"**mean ({len(reps)})**"] + [
+            format_mean_std([f(r) for r in reps], digits=digits, unit=unit)
+            for _, f in cols
+        ])
+    return markdown_table(header, rows)
+
+
+def curve_table(reps):
+    """Stochastic curve: error and fit time per epoch budget, mean (std)."""
+    budgets = {}
+    for r in reps:
+        for p in r.get("gp_stochastic", {}).get("curve", []):
+            budgets.setdefault(p["epochs"], []).append(p)
+    rows = []
+    for k, points in sorted(budgets.items()):
+        rows.append([
+            str(k),
+            format_mean_std([p["error"] for p in points]),
+            format_mean_std([p["fit_time"] for p in points], unit=" s"),
+            format_mean_std([p.get("elbo") or float("nan") for p in points],
+                            digits=1),
+            format_mean_std([p.get("saga_memory_bytes", float("nan")) / 2**20
+                             for p in points], digits=2, unit=" MiB"),
+        ])
+    return markdown_table(
+        ["epochs", "error %", "fit time", "final ELBO (epoch mean)",
+         "SAGA stored gradients"],
+        rows,
+    )
+
+
+def main(argv=None):
+    args = build_parser().parse_args(argv)
+    data_dir = check_data_dir(args.data)
+    reps, n_train, params, max_iter, epochs = settings(args)
+    with_crf = crfsuite_available()
+    env = environment()
+
+    print(f"command: {command_line()}")
+    print("environment: " + ", ".join(f"{k} {v}" for k, v in env.items()))
+    print(f"shared GPStructClassifier options: {params}")
+    print(f"  L-BFGS: max_iter={max_iter if max_iter is not None else 'default'}; "
+          f"SAGA: one fit per epoch budget {epochs}")
+    print(f"protocol: basenp/test.data, {BASENP_ALL.n_data} sequences, "
+          f"permutation default_rng(r), r in {reps}, first {n_train} to train, "
+          f"last {BASENP_ALL.n_data - BASENP_ALL.n_train} to test")
+    if with_crf:
+        print(f"CRF: c2 in {list(FIXED_C2)}"
+              + ("" if args.no_crf_cv else
+                 f", and c2 by inner {INNER_FOLDS}-fold CV over {list(CRF_C2_GRID)}"))
+    else:
+        print("sklearn_crfsuite is not installed: the CRF columns are skipped "
+              "(pip install \".[bench]\")")
+    print()
+
+    pool = load_pool(data_dir, BASENP_ALL)
+    results = []
+    for r in reps:
+        results.append(
+            run_rep(pool, r, n_train, params, max_iter, epochs, args, with_crf)
+        )
+        print()
+
+    err_cols, time_cols = columns(args, with_crf, epochs)
+    print("## Token error % (measured in this run; mean (std over repetitions, "
+          "ddof=1))")
+    print()
+    print(table(results, err_cols, 2, ""))
+    print()
+    print("## Fit time (measured in this run)")
+    print()
+    print(table(results, time_cols, 2, " s"))
+    print()
+    print("Ratios are per repetition, then averaged. 'GP SAGA to final error' is "
+          "the fit time of the shortest epoch budget whose test error is no "
+          "worse than the longest budget's.")
+    if not args.no_stochastic:
+        print()
+        print("## GP SAGA: error against epochs (one fit per budget, same seed)")
+        print()
+        print(curve_table(results))
+        nested = all(r["gp_stochastic"]["nested"] for r in results)
+        print()
+        print("The shorter fits replay the first epochs of the longer ones: "
+              + ("yes (ELBO histories nested)." if nested else
+                 "NO (ELBO histories differ): the curve mixes different runs."))
+    print()
+    print("## Quoted from BENCHMARK.md section 2 (not measured in this run)")
+    print()
+    print(markdown_table(["result", "error %"], QUOTED))
+    print()
+    print(f"command: {command_line()}")
+
+    if args.out:
+        payload = {
+            "command": command_line(),
+            "environment": env,
+            "gp_options": params,
+            "lbfgs_max_iter": max_iter,
+            "stochastic_epochs": epochs,
+            "n_train": n_train,
+            "quick": args.quick,
+            "results": results,
+        }
+        with open(args.out, "w", encoding="utf-8") as handle:
+            json.dump(payload, handle, indent=2, default=_json_default)
+        print(f"results written to {args.out}")
+    return 0
+
+
+def _json_default(value):
+    if isinstance(value, np.generic):
+        return value.item()
+    raise TypeError(f"cannot serialise {type(value).__name__}")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
