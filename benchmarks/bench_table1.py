@@ -97,6 +97,11 @@ GP_OPTIONS = (
     "n_samples",
     "max_iter",
     "gradient",
+    "optimizer",
+    "likelihood",
+    "batch_size",
+    "learning_rate",
+    "tol",
     "n_jobs",
     "random_state",
 )
@@ -141,6 +146,11 @@ def build_parser():
     gp.add_argument("--n-samples", type=int, metavar="S")
     gp.add_argument("--max-iter", type=int, metavar="N")
     gp.add_argument("--gradient", metavar="KIND", help="pathwise or score")
+    gp.add_argument("--optimizer", metavar="KIND", help="lbfgs or stochastic")
+    gp.add_argument("--likelihood", metavar="NAME", help="crf or pseudo")
+    gp.add_argument("--batch-size", type=int, metavar="N")
+    gp.add_argument("--learning-rate", type=float, metavar="RATE")
+    gp.add_argument("--tol", type=float, metavar="TOL")
     gp.add_argument("--n-jobs", type=int, metavar="N")
     gp.add_argument("--random-state", type=int, metavar="SEED")
     return parser

@@ -175,6 +175,26 @@ def forward_backward(unary, pairwise, offsets):
     Samples whose pairwise range ``max - min`` is at most 300 run in scaled
     probability space (no exponential per ``V**2`` cell); the others run in
     log space. Both are exact to rounding for any unary range.
+
+    Examples
+    --------
+    Two sequences (3 tokens and 1 token), 2 labels, one sample. With all
+    potentials 0 every labelling is equally likely: ``log Z = T log 2``.
+
+    >>> import numpy as np
+    >>> from skgpstruct.chain import forward_backward
+    >>> unary = np.zeros((1, 4, 2))
+    >>> pairwise = np.zeros((1, 2, 2))
+    >>> offsets = np.array([0, 3, 4])
+    >>> log_z, marginals, pair_marginals = forward_backward(unary, pairwise, offsets)
+    >>> bool(np.allclose(log_z, [[3 * np.log(2), np.log(2)]]))
+    True
+    >>> marginals.shape, pair_marginals.shape
+    ((1, 4, 2), (1, 2, 2, 2))
+    >>> marginals[0, 0]
+    array([0.5, 0.5])
+    >>> pair_marginals[0].sum(axis=(1, 2))  # two transitions, then none
+    array([2., 0.])
     """
     unary, pairwise, offsets = _check_chain(
         unary, pairwise, offsets, with_samples=True
@@ -210,6 +230,22 @@ def viterbi(unary, pairwise, offsets):
     ValueError
         If an argument has the wrong shape or dtype, holds non-finite
         values, or ``offsets`` is not a valid partition of the tokens.
+
+    Examples
+    --------
+    Changing label costs 3, so the middle token of the first sequence keeps
+    label 0 although its own potential prefers label 1:
+
+    >>> import numpy as np
+    >>> from skgpstruct.chain import viterbi
+    >>> unary = np.array([[2.0, 0.0], [0.0, 1.0], [2.0, 0.0],   # sequence 0
+    ...                   [0.0, 1.0]])                          # sequence 1
+    >>> pairwise = np.array([[0.0, -3.0], [-3.0, 0.0]])
+    >>> labels, scores = viterbi(unary, pairwise, np.array([0, 3, 4]))
+    >>> labels
+    array([0, 0, 0, 1])
+    >>> scores
+    array([4., 1.])
     """
     unary, pairwise, offsets = _check_chain(
         unary, pairwise, offsets, with_samples=False
@@ -259,6 +295,26 @@ def log_likelihood(unary, pairwise, offsets, labels, *, return_gradient=False):
         If an argument has the wrong shape or dtype, holds non-finite
         values, ``offsets`` is not a valid partition of the tokens, or a
         label lies outside ``[0, V)``.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from skgpstruct.chain import forward_backward, log_likelihood
+    >>> rng = np.random.default_rng(0)
+    >>> unary = rng.standard_normal((2, 4, 3))  # 2 samples, 4 tokens, 3 labels
+    >>> pairwise = rng.standard_normal((2, 3, 3))
+    >>> offsets, labels = np.array([0, 3, 4]), np.array([0, 2, 2, 1])
+    >>> loglik = log_likelihood(unary, pairwise, offsets, labels)
+    >>> loglik.shape
+    (2, 2)
+    >>> log_z = forward_backward(unary, pairwise, offsets)[0]
+    >>> score = unary[:, 3, 1]  # the one-token sequence: its unary only
+    >>> bool(np.allclose(loglik[:, 1], score - log_z[:, 1]))
+    True
+    >>> loglik, grad_unary, grad_pairwise = log_likelihood(
+    ...     unary, pairwise, offsets, labels, return_gradient=True)
+    >>> grad_unary.shape, grad_pairwise.shape
+    ((2, 4, 3), (2, 2, 3, 3))
     """
     unary, pairwise, offsets = _check_chain(
         unary, pairwise, offsets, with_samples=True

@@ -985,6 +985,48 @@ def main(argv=None):
         ...``); 1 for an unexpected error (printed with its traceback).
         Invalid options make argparse print a usage message and exit with
         status 2.
+
+    Examples
+    --------
+    The commands as a shell runs them (``skgpstruct train ...``), here on a
+    made-up chunking file written to a temporary folder:
+
+    >>> import os
+    >>> import tempfile
+    >>> from skgpstruct.cli import main
+    >>> from skgpstruct.io import write_conll
+    >>> tokens = [[["He", "PRP"], ["reckons", "VBZ"], ["the", "DT"], ["deficit", "NN"]],
+    ...           [["Yes", "UH"], ["the", "DT"], ["deficit", "NN"], ["grows", "VBZ"]]]
+    >>> labels = [["B-NP", "B-VP", "B-NP", "I-NP"], ["O", "B-NP", "I-NP", "B-VP"]]
+    >>> folder = tempfile.TemporaryDirectory()
+    >>> train, model = (os.path.join(folder.name, name)
+    ...                 for name in ("train.data", "model.pkl"))
+    >>> template = os.path.join(folder.name, "template")
+    >>> write_conll(train, tokens * 5, labels * 5)
+    >>> with open(template, "w") as handle:
+    ...     _ = handle.write("U00:%x[0,0]\\nU01:%x[0,1]\\nU02:%x[-1,1]\\nB\\n")
+    >>> main(["train", "-q", "--template", template, train, model])
+    0
+    >>> main(["evaluate", "-q", model, train])
+    token accuracy: 100.00% (40 of 40 tokens)
+    processed 40 tokens with 25 phrases; found: 25 phrases; correct: 25.
+    accuracy: 100.00%; precision: 100.00%; recall: 100.00%; FB1: 100.00
+                   NP: precision: 100.00%; recall: 100.00%; FB1: 100.00  15
+                   VP: precision: 100.00%; recall: 100.00%; FB1: 100.00  10
+    0
+    >>> test = os.path.join(folder.name, "test.data")
+    >>> write_conll(test, tokens[1:], labels[1:])
+    >>> output = os.path.join(folder.name, "test.out")
+    >>> main(["predict", "-q", "-o", output, model, test])
+    0
+    >>> with open(output) as handle:  # the gold column, then the predicted one
+    ...     print(handle.read(), end="")
+    Yes UH O O
+    the DT B-NP B-NP
+    deficit NN I-NP I-NP
+    grows VBZ B-VP B-VP
+    <BLANKLINE>
+    >>> folder.cleanup()
     """
     parser = _build_parser()
     args, extra = parser.parse_known_args(sys.argv[1:] if argv is None else argv)

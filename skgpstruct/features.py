@@ -223,6 +223,13 @@ def expand_crfpp_template(template, sequence):
     ValueError
         On a malformed template line or a column index beyond a token's
         columns.
+
+    Examples
+    --------
+    >>> from skgpstruct.features import expand_crfpp_template
+    >>> template = "U00:%x[-1,0]\\nU01:%x[0,0]/%x[0,1]\\nB"
+    >>> expand_crfpp_template(template, [["He", "PRP"], ["reckons", "VBZ"]])
+    [['U00:_B-1', 'U01:He/PRP'], ['U00:He', 'U01:reckons/VBZ']]
     """
     unigrams, _ = _parse_template(template)
     (sequence,) = _check_token_sequences([sequence])

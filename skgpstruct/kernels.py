@@ -19,6 +19,20 @@ so no ``(n_X, n_Y, n_theta)`` tensor is ever formed by the built-in kernels.
 Inputs are assumed finite: the sequence validation helper
 (:func:`skgpstruct._sequences.check_sequence_features`) checks that once per
 fit, and the kernels, called per chunk and per iteration, do not repeat it.
+
+:data:`KERNELS` maps the names :func:`get_kernel` accepts to the classes.
+
+Examples
+--------
+>>> import numpy as np
+>>> import scipy.sparse as sp
+>>> from skgpstruct.kernels import KERNELS, get_kernel
+>>> sorted(KERNELS)
+['linear', 'rbf']
+>>> kernel = get_kernel("rbf")
+>>> X = sp.csr_matrix(np.array([[0.0, 1.0], [1.0, 1.0], [0.0, 0.0]]))
+>>> kernel(X).shape  # dense kernel matrix from sparse rows
+(3, 3)
 """
 
 import abc
@@ -264,6 +278,42 @@ class Kernel(abc.ABC):
     ``_set_hyperparameter``. Constructor arguments are the parameters of
     :meth:`get_params` / :meth:`set_params`, so :func:`sklearn.base.clone`
     works on an estimator holding a kernel.
+
+    The public interface every kernel shares: ``kernel(X, Y=None)`` returns
+    the dense ``(n_X, n_Y)`` kernel matrix, :meth:`diag` its diagonal of
+    shape ``(n_X,)``; :attr:`theta` (shape ``(n_dims,)``) holds the
+    logarithms of the free hyperparameters, :attr:`bounds` (shape
+    ``(n_dims, 2)``) their log-space bounds, :attr:`hyperparameter_names`
+    their names; :meth:`gradient_vjp` and :meth:`diag_gradient_vjp` return
+    gradients with respect to :attr:`theta` as vector-Jacobian products.
+
+    Examples
+    --------
+    The interface, shown on :class:`LinearKernel`,
+    ``k(x, x') = variance * (x . x' + bias)``:
+
+    >>> import numpy as np
+    >>> from skgpstruct.kernels import Kernel, LinearKernel
+    >>> kernel = LinearKernel(variance=2.0, bias=0.5)
+    >>> isinstance(kernel, Kernel)
+    True
+    >>> X = np.array([[1.0, 0.0], [1.0, 1.0]])
+    >>> kernel(X)
+    array([[3., 3.],
+           [3., 5.]])
+    >>> kernel.diag(X)
+    array([3., 5.])
+    >>> kernel.hyperparameter_names, np.exp(kernel.theta)
+    (['variance', 'bias'], array([2. , 0.5]))
+    >>> kernel.bounds.shape  # log-space (low, high) per entry of theta
+    (2, 2)
+
+    The gradient of ``sum(G * K)`` in ``theta = [log variance, log bias]``:
+
+    >>> kernel.gradient_vjp(X, None, np.ones((2, 2)))
+    array([14.,  4.])
+    >>> kernel.clone_with_theta(np.log([1.0, 1.0]))
+    LinearKernel(variance=1, bias=1)
     """
 
     # ---- scikit-learn style parameters -----------------------------------
@@ -603,6 +653,30 @@ class LinearKernel(Kernel):
     ``theta = [log variance, log bias]`` (free ones only). Cost of
     ``K(X, Y)``: one (sparse) matrix product, ``O(n_X n_Y D)`` dense or about
     ``O(nnz(X) * nnz per column of Y)`` sparse.
+
+    It has an explicit feature map (:meth:`feature_scales`), so
+    :class:`~skgpstruct.GPStructClassifier` can use the feature weights
+    themselves as inducing variables (``inducing="features"``).
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> import scipy.sparse as sp
+    >>> from skgpstruct.kernels import LinearKernel
+    >>> kernel = LinearKernel(variance=2.0, bias=0.5)
+    >>> X = np.array([[1.0, 0.0], [1.0, 1.0]])
+    >>> kernel(X, X[:1])  # 2 * (x . x' + 0.5)
+    array([[3.],
+           [3.]])
+    >>> bool(np.array_equal(kernel(sp.csr_matrix(X)), kernel(X)))
+    True
+    >>> kernel.feature_scales(2)  # phi(x) = scales * [x, 1]
+    array([1.41421356, 1.41421356, 1.        ])
+
+    A homogeneous kernel (no offset) fixes the bias at 0:
+
+    >>> LinearKernel(bias=0.0, bias_bounds="fixed").hyperparameter_names
+    ['variance']
     """
 
     def __init__(
@@ -709,9 +783,13 @@ class GroupedLinearKernel(Kernel):
     variance : float or array-like of shape (n_groups,), default=1.0
         Prior variance of the weights of each group.
     bias : float, default=1.0
-        Prior variance ``b`` of each label's offset (> 0 when learned).
+        Prior variance ``b`` of each label's offset (> 0 when learned; unlike
+        :class:`LinearKernel`, not multiplied by a variance).
     variance_bounds : pair of float or "fixed", default=(1e-5, 1e5)
+        Bounds ``(low, high)`` of every group's variance (natural scale), an
+        array of shape (n_groups, 2) to set them one by one, or "fixed".
     bias_bounds : pair of float or "fixed", default=(1e-5, 1e5)
+        Bounds of ``bias``, or "fixed".
 
     Notes
     -----
@@ -741,6 +819,19 @@ class GroupedLinearKernel(Kernel):
         self.bias = bias
         self.variance_bounds = variance_bounds
         self.bias_bounds = bias_bounds
+
+    def __repr__(self):
+        groups = np.asarray(self.groups)
+        variance = np.asarray(self.variance, dtype=np.float64)
+        shown = (
+            f"{float(variance):.4g}" if variance.ndim == 0
+            else "[" + ", ".join(f"{v:.4g}" for v in variance) + "]"
+        )
+        n_groups = int(groups.max()) + 1 if groups.size else 0
+        return (
+            f"GroupedLinearKernel(groups=<{groups.size} features in {n_groups} "
+            f"groups>, variance={shown}, bias={float(self.bias):.4g})"
+        )
 
     def _groups(self):
         groups = np.asarray(self.groups)
@@ -896,6 +987,18 @@ class RBFKernel(Kernel):
     practical route; its rounding error is about ``1e-16 * ||x||^2``, which is
     negligible unless inputs lie far from the origin relative to
     ``length_scale``.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from skgpstruct.kernels import RBFKernel
+    >>> kernel = RBFKernel(variance=1.0, length_scale=2.0)
+    >>> X = np.array([[0.0], [2.0]])
+    >>> kernel(X)  # exp(-2**2 / (2 * 2**2)) off the diagonal
+    array([[1.        , 0.60653066],
+           [0.60653066, 1.        ]])
+    >>> RBFKernel(length_scale=[1.0, 2.0]).hyperparameter_names  # ARD
+    ['variance', 'length_scale[0]', 'length_scale[1]']
     """
 
     def __init__(
@@ -1057,6 +1160,20 @@ class SklearnKernel(Kernel):
     work per block); blocks are sized so that each tensor stays under 32 MiB.
     :meth:`diag_gradient_vjp` needs one row for stationary kernels and
     ``O(n_X * 256 * n_theta)`` work otherwise.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from sklearn.gaussian_process.kernels import RBF, ConstantKernel
+    >>> from skgpstruct.kernels import SklearnKernel
+    >>> kernel = SklearnKernel(ConstantKernel(2.0) * RBF(1.0))
+    >>> kernel.hyperparameter_names
+    ['k1__constant_value', 'k2__length_scale']
+    >>> kernel.theta  # the wrapped kernel's theta: log 2, log 1
+    array([0.69314718, 0.        ])
+    >>> X = np.array([[0.0], [1.0]])
+    >>> bool(np.allclose(kernel(X), (ConstantKernel(2.0) * RBF(1.0))(X)))
+    True
     """
 
     def __init__(self, kernel):
@@ -1231,6 +1348,18 @@ def get_kernel(spec):
     ------
     ValueError
         If ``spec`` is an unknown name or of an unsupported type.
+
+    Examples
+    --------
+    >>> from sklearn.gaussian_process.kernels import RBF
+    >>> from skgpstruct.kernels import LinearKernel, get_kernel
+    >>> get_kernel("rbf")
+    RBFKernel(variance=1, length_scale=1)
+    >>> get_kernel(RBF(length_scale=2.0))
+    SklearnKernel(kernel=RBF(length_scale=2))
+    >>> mine = LinearKernel(variance=0.5)
+    >>> get_kernel(mine) is mine  # a copy: fitting never changes ``mine``
+    False
     """
     if isinstance(spec, str):
         if spec not in KERNELS:
@@ -1273,6 +1402,17 @@ def check_kernel(spec, *, sparse):
         If the specification is invalid, a hyperparameter or its bounds are
         invalid, or the kernel cannot take sparse inputs while ``sparse`` is
         True (:class:`SklearnKernel`, ARD :class:`RBFKernel`).
+
+    Examples
+    --------
+    >>> from sklearn.gaussian_process.kernels import RBF
+    >>> from skgpstruct.kernels import check_kernel
+    >>> check_kernel("rbf", sparse=True)
+    RBFKernel(variance=1, length_scale=1)
+    >>> check_kernel(RBF(), sparse=True)
+    Traceback (most recent call last):
+        ...
+    ValueError: kernel RBF(length_scale=1) is a scikit-learn kernel, which needs ...
     """
     kernel = get_kernel(spec)
     kernel._hyperparameters()  # validates hyperparameter values and bounds

@@ -730,3 +730,13 @@ def test_grouped_linear_refuses_bad_groups():
         GroupedLinearKernel([0.5, 1.0, 2.0])(X)
     with pytest.raises(ValueError, match="one per group"):
         GroupedLinearKernel([0, 1, 1], variance=[1.0, 2.0, 3.0])(X)
+
+
+def test_grouped_linear_repr_summarises_groups():
+    from skgpstruct.kernels import GroupedLinearKernel
+
+    text = repr(GroupedLinearKernel(groups=np.arange(5000) % 3, variance=[1, 2, 3.5]))
+    assert text == (
+        "GroupedLinearKernel(groups=<5000 features in 3 groups>, "
+        "variance=[1, 2, 3.5], bias=1)"
+    )

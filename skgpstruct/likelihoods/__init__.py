@@ -46,6 +46,23 @@ def get_likelihood(spec):
     ValueError
         If ``spec`` is an unknown name, a Likelihood class instead of an
         instance, or anything else.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> from skgpstruct.likelihoods import get_likelihood
+    >>> get_likelihood("crf")
+    ChainCRF()
+    >>> get_likelihood("pseudo")
+    PiecewisePseudoLikelihood()
+    >>> def independent(unary, pairwise, y):
+    ...     log_norm = np.logaddexp.reduce(unary, axis=2)
+    ...     return (unary[:, np.arange(len(y)), y] - log_norm).sum(axis=1)
+    >>> lik = get_likelihood(independent)
+    >>> lik
+    CallableLikelihood(func=independent)
+    >>> lik.has_gradient
+    False
     """
     if isinstance(spec, Likelihood):
         return spec

@@ -20,7 +20,41 @@ class Likelihood(ABC):
 
     All methods take a ragged batch: the sequences are concatenated along
     the token axis and ``offsets`` (int64 of shape (n_sequences + 1,))
-    delimits them, as in :mod:`skgpstruct.chain`.
+    delimits them, as in :mod:`skgpstruct.chain`. ``unary`` has shape
+    ``(n_samples, n_tokens, n_classes)``, ``pairwise`` shape
+    ``(n_samples, n_classes, n_classes)``, ``labels`` shape ``(n_tokens,)``;
+    :meth:`log_prob` returns shape ``(n_samples, n_sequences)``.
+
+    Attributes
+    ----------
+    has_gradient : bool, default=False
+        Whether :meth:`log_prob_and_gradient` is available, hence whether
+        the estimator may use ``gradient="pathwise"``.
+
+    Examples
+    --------
+    Independent tokens (a softmax per token, transitions ignored), for a
+    whole ragged batch at once:
+
+    >>> import numpy as np
+    >>> from scipy.special import log_softmax
+    >>> from skgpstruct.likelihoods import Likelihood
+    >>> class IndependentTokens(Likelihood):
+    ...     def _log_prob(self, unary, pairwise, offsets, labels):
+    ...         per_token = log_softmax(unary, axis=2)[:, np.arange(len(labels)),
+    ...                                                labels]
+    ...         sequence = np.repeat(np.arange(len(offsets) - 1), np.diff(offsets))
+    ...         out = np.zeros((unary.shape[0], len(offsets) - 1))
+    ...         for n in range(len(offsets) - 1):
+    ...             out[:, n] = per_token[:, sequence == n].sum(axis=1)
+    ...         return out
+    >>> lik = IndependentTokens()
+    >>> log_p = lik.log_prob(np.zeros((2, 3, 4)), np.zeros((2, 4, 4)),
+    ...                      np.array([0, 2, 3]), np.array([0, 1, 3]))
+    >>> bool(np.allclose(log_p, [[2 * np.log(0.25), np.log(0.25)]] * 2))
+    True
+    >>> lik.has_gradient  # so GPStructClassifier needs gradient="score"
+    False
     """
 
     #: Whether :meth:`log_prob_and_gradient` is available.
