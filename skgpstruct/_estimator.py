@@ -157,8 +157,9 @@ class GPStructClassifier(BaseEstimator):
         ``learn_hyperparameters`` is True (it is then learned from the ELBO,
         like the kernel hyperparameters).
     inducing : {"auto", "features", "kmeans++", "random"}, default="auto"
-        The inducing variables. ``"features"`` (linear kernel only) takes
-        the weight of every feature as an inducing variable: exact, and
+        The inducing variables. ``"features"`` (linear kernels, or any kernel
+        with an explicit diagonal feature map) takes the weight of every
+        feature as an inducing variable: exact, and
         cheap for sparse indicator features (M = n_features + 1, the
         ``n_inducing`` parameter is then unused). ``"kmeans++"`` and
         ``"random"`` draw ``n_inducing`` inducing inputs among the distinct
@@ -234,8 +235,11 @@ GroupedLinearKernel`: automatic relevance determination per group).
         Only with ``inference="ess"``: the kept samples (the variational
         attributes ``q_mu_`` etc. are then absent).
     log_likelihood_history_ : list of float
-        Only with ``inference="ess"``: training log-likelihood of the kept
-        samples.
+        Only with ``inference="ess"``: the training log-likelihood after
+        every iteration.
+    saga_memory_bytes_ : int
+        Only after ``optimizer="stochastic"`` or ``partial_fit``: bytes held
+        by SAGA's stored mini-batch gradients.
 
     Notes
     -----

@@ -431,8 +431,12 @@ def _write_text(text, path, encoding):
         ) from None
     if path is None or path == "-":
         sys.stdout.flush()
-        sys.stdout.buffer.write(data)
-        sys.stdout.buffer.flush()
+        buffer = getattr(sys.stdout, "buffer", None)
+        if buffer is None:  # a text-only stream (redirected in Python)
+            sys.stdout.write(text)
+            return
+        buffer.write(data)
+        buffer.flush()
         return
     try:
         with open(path, "wb") as handle:

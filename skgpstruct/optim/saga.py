@@ -16,7 +16,8 @@ memory grows with the data each item touches, not with items x parameters.
 
 Steps are scaled per coordinate by Adam's moment estimates (Kingma and Ba,
 2015) and by a step size per coordinate (one per parameter group), decayed
-as ``step / sqrt(1 + epoch)``. This module knows nothing of GPs.
+as ``step / sqrt(epoch)`` with epochs counted from 1. This module knows
+nothing of GPs.
 """
 
 import time
