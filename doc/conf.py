@@ -13,10 +13,11 @@ NumPy, SciPy or scikit-learn render as plain text.
 import os
 import sys
 
-# Build against the source tree when the package is not installed.
-sys.path.insert(0, os.path.abspath(".."))
-
-import skgpstruct  # noqa: E402
+try:  # the installed package (with its compiled extension)
+    import skgpstruct
+except ImportError:  # a source tree with the extension built in place
+    sys.path.insert(0, os.path.abspath(".."))
+    import skgpstruct
 
 project = "skgpstruct"
 author = "the skgpstruct developers"

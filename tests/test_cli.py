@@ -40,8 +40,8 @@ def _run(*args, input=None, text=True, timeout=120):
     """Run ``python -m skgpstruct *args``; return the CompletedProcess.
 
     The child must import the package the tests import: prepend the
-    directory holding it to PYTHONPATH (a source checkout, where the package
-    is not installed; harmless when it is pip-installed).
+    directory holding it to PYTHONPATH and run from there (a source checkout
+    with the extension built in place, or site-packages when installed).
     """
     env = dict(os.environ)
     package_root = str(Path(skgpstruct.__file__).resolve().parents[1])
@@ -49,6 +49,9 @@ def _run(*args, input=None, text=True, timeout=120):
         p for p in [package_root, env.get("PYTHONPATH")] if p
     )
     env.setdefault("OPENBLAS_NUM_THREADS", "1")
+    # ``python -m`` puts the working directory first on sys.path: run from
+    # the package's own root, so that a source checkout in the current
+    # directory cannot shadow an installed (compiled) package.
     return subprocess.run(
         [sys.executable, "-m", "skgpstruct", *map(str, args)],
         capture_output=True,
@@ -57,6 +60,7 @@ def _run(*args, input=None, text=True, timeout=120):
         input=input,
         timeout=timeout,
         check=False,
+        cwd=package_root,
     )
 
 

@@ -21,6 +21,8 @@ from pathlib import Path
 import pytest
 from sklearn.exceptions import ConvergenceWarning
 
+import skgpstruct
+
 REPO = Path(__file__).resolve().parents[1]
 DOC = REPO / "doc"
 
@@ -155,8 +157,9 @@ def test_sphinx_build_has_no_warnings(tmp_path):
     shutil.copytree(DOC, source, ignore=shutil.ignore_patterns("_build", "generated"))
     # The examples page includes ../examples/*.py.
     shutil.copytree(REPO / "examples", tmp_path / "examples")
-    # conf.py puts its parent (the copy's) on sys.path; point it at the repo.
-    env_path = str(REPO)
+    # conf.py puts its parent (the copy's) on sys.path; put the directory of
+    # the package these tests import (installed or built in place) first.
+    env_path = str(Path(skgpstruct.__file__).resolve().parents[1])
     result = subprocess.run(
         [
             sys.executable, "-c",
