@@ -101,6 +101,7 @@ GP_OPTIONS = (
     "likelihood",
     "batch_size",
     "learning_rate",
+    "n_iter_no_change",
     "tol",
     "n_jobs",
     "random_state",
@@ -151,6 +152,7 @@ def build_parser():
     gp.add_argument("--batch-size", type=int, metavar="N")
     gp.add_argument("--learning-rate", type=float, metavar="RATE")
     gp.add_argument("--tol", type=float, metavar="TOL")
+    gp.add_argument("--n-iter-no-change", type=int, metavar="N")
     gp.add_argument("--n-jobs", type=int, metavar="N")
     gp.add_argument("--random-state", type=int, metavar="SEED")
     return parser

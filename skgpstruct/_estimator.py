@@ -132,8 +132,8 @@ class GPStructClassifier(BaseEstimator):
         the exact KL gradient, and Adam-scaled steps of size
         ``learning_rate / sqrt(epoch)`` (half that for the kernel and
         pairwise-prior hyperparameters). ``max_iter`` then counts epochs, and
-        the fit stops when the epoch-mean ELBO has improved by less than
-        ``tol`` (relative) for 3 epochs.
+        the fit stops after ``n_iter_no_change`` epochs whose mean ELBO does
+        not beat the best epoch so far by ``tol`` (relative).
     n_samples : int, default=8
         Monte Carlo samples per sequence (and component) in the ELBO. The
         score estimator needs more than the pathwise one (16 or more).
@@ -144,6 +144,9 @@ class GPStructClassifier(BaseEstimator):
         Sequences per mini-batch (``optimizer="stochastic"``).
     learning_rate : float, default=0.05
         Initial step size of the stochastic optimiser.
+    n_iter_no_change : int, default=5
+        Epochs without improvement before the stochastic optimiser stops
+        (the epoch-mean ELBO is a noisy estimate: keep this above 2 or 3).
     tol : float, default=1e-6
         Relative change of the ELBO under which the optimisation stops.
     decode : {"viterbi", "marginal"}, default="viterbi"
@@ -277,6 +280,7 @@ GroupedLinearKernel`: automatic relevance determination per group).
         max_iter=300,
         batch_size=10,
         learning_rate=0.05,
+        n_iter_no_change=5,
         tol=1e-6,
         decode="viterbi",
         learn_hyperparameters=True,
@@ -305,6 +309,7 @@ GroupedLinearKernel`: automatic relevance determination per group).
         self.max_iter = max_iter
         self.batch_size = batch_size
         self.learning_rate = learning_rate
+        self.n_iter_no_change = n_iter_no_change
         self.tol = tol
         self.decode = decode
         self.learn_hyperparameters = learn_hyperparameters
@@ -338,6 +343,7 @@ GroupedLinearKernel`: automatic relevance determination per group).
             ("max_iter", 1),
             ("n_predict_samples", 1),
             ("batch_size", 1),
+            ("n_iter_no_change", 1),
             ("ess_n_iter", 1),
             ("ess_thin", 1),
             ("ess_memory_limit", 1),
@@ -749,6 +755,7 @@ GroupedLinearKernel`: automatic relevance determination per group).
         result = maximize_saga(
             item, exact, x0, len(chunks), step_size=step,
             max_epochs=max_epochs, tol=self.tol, bounds=bounds, rng=rng,
+            n_iter_no_change=self.n_iter_no_change,
             callback=lambda epoch, value, seconds: progress(epoch, value, None),
             state=warm,
         )

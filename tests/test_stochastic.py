@@ -97,3 +97,22 @@ def test_partial_fit_learns_from_pieces(data):
     np.testing.assert_array_equal(model.classes_, [0, 1, 2])
     with pytest.raises(ValueError, match="not in classes"):
         model.partial_fit([X[0]], [np.full(len(y[0]), 7)], classes=[0, 1, 2])
+
+
+def test_saga_stops_after_n_epochs_without_beating_the_best():
+    # Item values fall after the third epoch: the fit must stop exactly
+    # n_iter_no_change epochs after the best one, not at the first dip.
+    values = iter([1.0, 2.0, 3.0, 2.5, 2.9, 2.8, 2.7, 5.0])
+
+    def item(i, step, x):
+        return next(values), np.zeros(1)
+
+    def exact(x):
+        return 0.0, np.zeros(1)
+
+    result = maximize_saga(
+        item, exact, np.zeros(1), 1, step_size=0.1, max_epochs=8, tol=0.0,
+        n_iter_no_change=4, rng=np.random.default_rng(0),
+    )
+    assert result.history == [1.0, 2.0, 3.0, 2.5, 2.9, 2.8, 2.7]
+    assert result.converged

@@ -83,8 +83,9 @@ def maximize_saga(
     max_epochs : int, default=50
         One epoch is ``n_items`` steps on items drawn uniformly at random.
     tol : float, default=1e-4
-        Stop when the epoch-mean objective has improved by less than
-        ``tol`` (relative) for ``n_iter_no_change`` consecutive epochs.
+        Stop after ``n_iter_no_change`` consecutive epochs whose mean
+        objective does not exceed the best epoch so far by ``tol``
+        (relative).
     n_iter_no_change : int, default=3
     bounds : sequence of (low, high) or None
         Coordinates are clipped to these bounds after every step.
@@ -121,6 +122,7 @@ def maximize_saga(
     stored, total = state["stored"], state["total"]
     beta1, beta2, eps = 0.9, 0.999, 1e-8
     history, no_change, converged = [], 0, False
+    best = -np.inf
     start = time.perf_counter()
     epoch = 0
     for epoch in range(1, max_epochs + 1):
@@ -156,10 +158,13 @@ def maximize_saga(
         history.append(float(np.mean(values)))
         if callback is not None:
             callback(epoch, history[-1], time.perf_counter() - start)
-        if len(history) > 1:
-            previous = history[-2]
-            gain = (history[-1] - previous) / max(abs(previous), 1.0)
-            no_change = no_change + 1 if gain < tol else 0
+        # As scikit-learn's SGD: stop after n_iter_no_change epochs that do
+        # not beat the best epoch so far by tol (relative); single noisy
+        # epochs that fall do not end the fit by themselves.
+        if len(history) == 1 or history[-1] > best + tol * max(abs(best), 1.0):
+            best, no_change = history[-1], 0
+        else:
+            no_change += 1
             if no_change >= n_iter_no_change:
                 converged = True
                 break
