@@ -17,6 +17,8 @@ import platform
 import shlex
 import sys
 import time
+import traceback
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -24,8 +26,10 @@ import numpy as np
 import scipy.sparse as sp
 
 try:
+    from sklearn.exceptions import ConvergenceWarning
+
     import skgpstruct
-    from skgpstruct import CRFppTemplateVectorizer
+    from skgpstruct import CRFppTemplateVectorizer, GPStructClassifier
     from skgpstruct.io import read_conll
     from skgpstruct.metrics import token_accuracy
 except ImportError as exc:  # pragma: no cover - depends on the environment
@@ -347,3 +351,45 @@ def environment():
     except Exception:  # noqa: BLE001 - not installed or no metadata
         info["sklearn-crfsuite"] = None
     return info
+
+
+# ---------------------------------------------------------------------- #
+# the GP
+def fit_gp(params, verbose, X_train, y_train, X_test, y_test):
+    """Fit and score one GPStructClassifier; a fit that raises is recorded.
+
+    A failure is reported (traceback on stderr) and returned with ``error``
+    NaN and its ``failure`` message, so that one bad fold does not end a
+    long run. Convergence warnings are recorded as ``converged``.
+    """
+    gp = GPStructClassifier(**params, verbose=int(verbose))
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always", ConvergenceWarning)
+            with Stopwatch() as fit:
+                gp.fit(X_train, y_train)
+        with Stopwatch() as predict:
+            y_pred = gp.predict(X_test)
+    except Exception as exc:  # noqa: BLE001 - recorded and reported
+        traceback.print_exc()
+        return {
+            "error": float("nan"),
+            "fit_time": float("nan"),
+            "failure": f"{type(exc).__name__}: {exc}",
+        }
+    converged = not any(issubclass(w.category, ConvergenceWarning) for w in caught)
+    for w in caught:
+        if not issubclass(w.category, ConvergenceWarning):
+            warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
+    result = {
+        "error": token_error(y_test, y_pred),
+        "fit_time": fit.seconds,
+        "predict_time": predict.seconds,
+        "n_iter": int(gp.n_iter_),
+        "converged": converged,
+        "elbo": float(gp.elbo_history_[-1]) if gp.elbo_history_ else None,
+        "elbo_history": [float(v) for v in gp.elbo_history_],
+    }
+    if hasattr(gp, "saga_memory_bytes_"):
+        result["saga_memory_bytes"] = int(gp.saga_memory_bytes_)
+    return result

@@ -44,8 +44,6 @@ The full measurement::
 import argparse
 import json
 import sys
-import traceback
-import warnings
 
 import numpy as np
 from _common import (
@@ -59,6 +57,7 @@ from _common import (
     command_line,
     crfsuite_available,
     environment,
+    fit_gp,
     format_mean_std,
     load_pool,
     markdown_table,
@@ -68,9 +67,6 @@ from _common import (
     to_crfsuite,
     token_error,
 )
-from sklearn.exceptions import ConvergenceWarning
-
-from skgpstruct import GPStructClassifier
 
 #: BENCHMARK.md section 2: all of basenp/test.data, 500 sequences to train.
 BASENP_ALL = DataSet("basenp", "test.data", 823, 500)
@@ -197,41 +193,6 @@ def settings(args):
 
 # ---------------------------------------------------------------------- #
 # the GP
-def fit_gp(params, verbose, X_train, y_train, X_test, y_test):
-    """Fit and score one GP; a fit that raises is recorded, not fatal."""
-    gp = GPStructClassifier(**params, verbose=int(verbose))
-    try:
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always", ConvergenceWarning)
-            with Stopwatch() as fit:
-                gp.fit(X_train, y_train)
-        with Stopwatch() as predict:
-            y_pred = gp.predict(X_test)
-    except Exception as exc:  # noqa: BLE001 - recorded and reported
-        traceback.print_exc()
-        return {
-            "error": float("nan"),
-            "fit_time": float("nan"),
-            "failure": f"{type(exc).__name__}: {exc}",
-        }
-    converged = not any(issubclass(w.category, ConvergenceWarning) for w in caught)
-    for w in caught:
-        if not issubclass(w.category, ConvergenceWarning):
-            warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
-    result = {
-        "error": token_error(y_test, y_pred),
-        "fit_time": fit.seconds,
-        "predict_time": predict.seconds,
-        "n_iter": int(gp.n_iter_),
-        "converged": converged,
-        "elbo": float(gp.elbo_history_[-1]) if gp.elbo_history_ else None,
-        "elbo_history": [float(v) for v in gp.elbo_history_],
-    }
-    if hasattr(gp, "saga_memory_bytes_"):
-        result["saga_memory_bytes"] = int(gp.saga_memory_bytes_)
-    return result
-
-
 def _describe(gp, what):
     if "failure" in gp:
         return f"  {what:<16} FAILED: {gp['failure']}"

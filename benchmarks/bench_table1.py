@@ -30,8 +30,6 @@ The full table::
 import argparse
 import json
 import sys
-import traceback
-import warnings
 
 import numpy as np
 from _common import (
@@ -45,6 +43,7 @@ from _common import (
     command_line,
     crfsuite_available,
     environment,
+    fit_gp,
     fold_split,
     format_mean_std,
     load_pool,
@@ -55,9 +54,7 @@ from _common import (
     take,
     template_features,
     to_crfsuite,
-    token_error,
 )
-from sklearn.exceptions import ConvergenceWarning
 
 from skgpstruct import GPStructClassifier
 
@@ -169,42 +166,6 @@ def gp_params(args):
     return params
 
 
-def run_gp(params, verbose, X_train, y_train, X_test, y_test):
-    """Fit and score the GP on one fold.
-
-    A fit that raises is reported (traceback on stderr) and recorded with
-    ``error`` NaN and its ``failure`` message, so that one bad fold does not
-    end a long run.
-    """
-    gp = GPStructClassifier(**params, verbose=int(verbose))
-    try:
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always", ConvergenceWarning)
-            with Stopwatch() as fit:
-                gp.fit(X_train, y_train)
-        with Stopwatch() as predict:
-            y_pred = gp.predict(X_test)
-    except Exception as exc:  # noqa: BLE001 - recorded and reported
-        traceback.print_exc()
-        return {
-            "error": float("nan"),
-            "fit_time": float("nan"),
-            "failure": f"{type(exc).__name__}: {exc}",
-        }
-    converged = not any(issubclass(w.category, ConvergenceWarning) for w in caught)
-    for w in caught:
-        if not issubclass(w.category, ConvergenceWarning):
-            warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
-    return {
-        "error": token_error(y_test, y_pred),
-        "fit_time": fit.seconds,
-        "predict_time": predict.seconds,
-        "n_iter": int(gp.n_iter_),
-        "converged": converged,
-        "elbo": float(gp.elbo_history_[-1]) if gp.elbo_history_ else None,
-    }
-
-
 def run_fold(dataset, pool, folds, k, params, args, with_crf):
     tokens, labels, template = pool
     train, test = fold_split(folds, k, dataset.n_train)
@@ -227,7 +188,7 @@ def run_fold(dataset, pool, folds, k, params, args, with_crf):
         f"({result['n_test_tokens']} tokens), {result['n_features']} features",
         flush=True,
     )
-    result["gp"] = run_gp(params, args.verbose, X_train, y_train, X_test, y_test)
+    result["gp"] = fit_gp(params, args.verbose, X_train, y_train, X_test, y_test)
     gp = result["gp"]
     if "failure" in gp:
         print(f"  GP   FAILED: {gp['failure']}", flush=True)
