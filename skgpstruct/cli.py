@@ -102,6 +102,9 @@ class CommandError(Exception):
     """Bad input the user can fix: printed without a traceback, exit code 2."""
 
 
+# The demo stops once the ELBO changes by less than this (relative).
+DEMO_TOL = 1e-4
+
 def _positive_int(text):
     """argparse type: an integer >= 1."""
     try:
@@ -225,8 +228,8 @@ def _add_demo(subparsers):
         help="inducing points of the GP (default: %(default)s)",
     )
     parser.add_argument(
-        "--max-iter", type=_positive_int, default=100, metavar="N",
-        help="L-BFGS iterations of the GP fit (default: %(default)s)",
+        "--max-iter", type=_positive_int, default=200, metavar="N",
+        help="L-BFGS iterations of the GP fit at most (default: %(default)s)",
     )
     parser.add_argument(
         "--n-jobs", type=int, default=None, metavar="N",
@@ -269,13 +272,14 @@ def _run_demo(args):
         kernel="rbf",
         n_inducing=args.n_inducing,
         max_iter=args.max_iter,
+        tol=DEMO_TOL,
         n_jobs=args.n_jobs,
         random_state=args.random_state,
         verbose=0 if args.quiet else 1,
     )
     print(
         f"fitting GPStructClassifier(kernel='rbf', n_inducing={args.n_inducing}, "
-        f"max_iter={args.max_iter})",
+        f"max_iter={args.max_iter}, tol={DEMO_TOL})",
         flush=True,
     )
     gp_time, converged = _fit(gp, X_train, y_train)
