@@ -132,6 +132,43 @@ def take(items, indices):
     return [items[i] for i in indices]
 
 
+def calibration(y_true, marginals, classes, n_bins=10):
+    """Mean negative log-probability of the true label, and top-label ECE.
+
+    Parameters
+    ----------
+    y_true : list of sequences of labels
+    marginals : list of ndarray of shape (T_n, n_classes)
+        Per-token probabilities, columns in the order of ``classes``.
+    classes : sequence of labels
+    n_bins : int, default=10
+        Equal-width confidence bins of the expected calibration error (the
+        weighted mean of |accuracy - confidence| over the bins, computed on
+        the most probable label of every token).
+
+    Returns
+    -------
+    dict with ``nll`` (nats per token) and ``ece`` (a fraction).
+    """
+    y = np.concatenate([np.asarray(s, dtype=object) for s in y_true])
+    P = np.vstack(marginals)
+    index = {c: i for i, c in enumerate(classes)}
+    true_index = np.array([index.get(v, -1) for v in y])
+    rows = np.arange(len(y))
+    p_true = np.where(true_index >= 0, P[rows, np.maximum(true_index, 0)], 0.0)
+    nll = float(-np.mean(np.log(np.clip(p_true, 1e-12, 1.0))))
+    confidence = P.max(axis=1)
+    correct = P.argmax(axis=1) == true_index
+    bins = np.minimum((confidence * n_bins).astype(int), n_bins - 1)
+    ece = 0.0
+    for b in range(n_bins):
+        in_bin = bins == b
+        if in_bin.any():
+            gap = correct[in_bin].mean() - confidence[in_bin].mean()
+            ece += in_bin.mean() * abs(gap)
+    return {"nll": nll, "ece": float(ece)}
+
+
 def token_error(y_true, y_pred):
     """Token error rate in percent."""
     return 100.0 * (1.0 - token_accuracy(y_true, y_pred))
@@ -193,8 +230,11 @@ def run_logreg(X_train, y_train, X_test, y_test, grid=LR_C_GRID):
     with Stopwatch() as refit:
         model = _fit_logreg(X_train, y_train, best)
     error = token_error(y_test, _predict_logreg(model, X_test))
+    lengths = np.cumsum([x.shape[0] for x in X_test])[:-1]
+    proba = np.split(model.predict_proba(sp.vstack(X_test, format="csr")), lengths)
     return {
         "error": error,
+        "calibration": calibration(y_test, proba, list(model.classes_)),
         "C": best,
         "select_time": select.seconds,
         "refit_time": refit.seconds,
@@ -261,7 +301,14 @@ def run_crfsuite(X_train, y_train, X_test, y_test, grid=CRF_C2_GRID):
     with Stopwatch() as refit:
         crf = _fit_crf(X_train, y_train, best)
     error = token_error(y_test, crf.predict(X_test))
+    classes = sorted(crf.classes_)
+    marginals = [
+        np.array([[token.get(c, 0.0) for c in classes] for token in sequence])
+        .reshape(len(sequence), len(classes))
+        for sequence in crf.predict_marginals(X_test)
+    ]
     return {
+        "calibration": calibration(y_test, marginals, classes),
         "error": error,
         "c2": best,
         "select_time": select.seconds,
@@ -370,6 +417,7 @@ def fit_gp(params, verbose, X_train, y_train, X_test, y_test):
                 gp.fit(X_train, y_train)
         with Stopwatch() as predict:
             y_pred = gp.predict(X_test)
+        marginals = gp.predict_marginals(X_test)
     except Exception as exc:  # noqa: BLE001 - recorded and reported
         traceback.print_exc()
         return {
@@ -389,6 +437,7 @@ def fit_gp(params, verbose, X_train, y_train, X_test, y_test):
         "converged": converged,
         "elbo": float(gp.elbo_history_[-1]) if gp.elbo_history_ else None,
         "elbo_history": [float(v) for v in gp.elbo_history_],
+        "calibration": calibration(y_test, marginals, list(gp.classes_)),
     }
     if hasattr(gp, "saga_memory_bytes_"):
         result["saga_memory_bytes"] = int(gp.saga_memory_bytes_)

@@ -196,7 +196,7 @@ def run_fold(dataset, pool, folds, k, params, args, with_crf):
         note = "" if gp["converged"] else ", not converged"
         print(
             f"  GP   error {gp['error']:6.2f} %   fit {gp['fit_time']:8.2f} s "
-            f"({gp['n_iter']} iterations{note})",
+            f"({gp['n_iter']} iterations{note})   {_calibration_text(gp)}",
             flush=True,
         )
     if with_crf:
@@ -212,7 +212,8 @@ def run_fold(dataset, pool, folds, k, params, args, with_crf):
             f"  CRF  error {crf['error']:6.2f} %   selection "
             f"{crf['select_time']:6.2f} s + refit {crf['refit_time']:6.2f} s "
             f"(c2={crf['c2']:g})   GP / CRF time "
-            + (f"{ratio:.1f}x" if np.isfinite(ratio) else "-"),
+            + (f"{ratio:.1f}x" if np.isfinite(ratio) else "-")
+            + f"   {_calibration_text(crf)}",
             flush=True,
         )
     lr = run_logreg(X_train, y_train, X_test, y_test)
@@ -220,10 +221,33 @@ def run_fold(dataset, pool, folds, k, params, args, with_crf):
     print(
         f"  LR   error {lr['error']:6.2f} %   selection "
         f"{lr['select_time']:6.2f} s + refit {lr['refit_time']:6.2f} s "
-        f"(C={lr['C']:g})",
+        f"(C={lr['C']:g})   {_calibration_text(lr)}",
         flush=True,
     )
     return result
+
+
+def calibration_rows(results):
+    """Per data set and model, mean (std) of NLL and ECE over the folds."""
+    rows = []
+    for name, folds in results.items():
+        for key, label in (("gp", "GP"), ("crf", "CRF"), ("logreg", "LR")):
+            cals = [f[key]["calibration"] for f in folds
+                    if key in f and "calibration" in f[key]]
+            if cals:
+                rows.append([
+                    name, label,
+                    format_mean_std([c["nll"] for c in cals], digits=3),
+                    format_mean_std([c["ece"] for c in cals], digits=4),
+                ])
+    return rows
+
+
+def _calibration_text(model_result):
+    cal = model_result.get("calibration")
+    if cal is None:
+        return ""
+    return f"NLL {cal['nll']:.3f}  ECE {cal['ece']:.4f}"
 
 
 def _cells(folds, with_crf):
@@ -312,6 +336,13 @@ def main(argv=None):
     print()
     print("GP / CRF time = GP fit time / (CRF c2 selection + CRF refit), per "
           "fold, then averaged.")
+    print()
+    print("## Calibration of the per-token marginals (mean (std over folds))")
+    print()
+    print(markdown_table(
+        ["data set", "model", "NLL of the true label (nats/token)", "ECE (top label)"],
+        calibration_rows(results),
+    ))
     print()
     print("## Quoted from BENCHMARK.md (not measured in this run)")
     print()
