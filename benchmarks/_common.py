@@ -12,6 +12,7 @@ same features as the GP: the rows of the CSR matrices that
 fold only.
 """
 
+import json
 import os
 import platform
 import shlex
@@ -442,3 +443,16 @@ def fit_gp(params, verbose, X_train, y_train, X_test, y_test):
     if hasattr(gp, "saga_memory_bytes_"):
         result["saga_memory_bytes"] = int(gp.saga_memory_bytes_)
     return result
+
+
+def write_json(path, payload):
+    """Write a benchmark's results as JSON (NumPy scalars as Python numbers)."""
+
+    def default(value):
+        if isinstance(value, np.generic):
+            return value.item()
+        raise TypeError(f"cannot serialise {type(value).__name__}")
+
+    with open(path, "w", encoding="utf-8") as handle:
+        json.dump(payload, handle, indent=2, default=default)
+    print(f"results written to {path}")

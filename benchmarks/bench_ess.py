@@ -34,7 +34,6 @@ Section 1, all four data sets::
 """
 
 import argparse
-import json
 import sys
 
 import numpy as np
@@ -53,6 +52,7 @@ from _common import (
     take,
     template_features,
     token_error,
+    write_json,
 )
 
 from skgpstruct._sequences import stack_sequences
@@ -272,20 +272,12 @@ def main(argv=None):
         print()
     print(f"command: {command_line()}")
     if args.out:
-        with open(args.out, "w", encoding="utf-8") as handle:
-            json.dump(
-                {"command": command_line(), "environment": env,
-                 "options": vars(args), "results": results},
-                handle, indent=2, default=_json_default,
-            )
-        print(f"results written to {args.out}")
+        write_json(
+            args.out,
+            {"command": command_line(), "environment": env,
+             "options": vars(args), "results": results},
+        )
     return 0
-
-
-def _json_default(value):
-    if isinstance(value, np.generic):
-        return value.item()
-    raise TypeError(f"cannot serialise {type(value).__name__}")
 
 
 if __name__ == "__main__":

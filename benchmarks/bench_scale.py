@@ -56,7 +56,6 @@ The full measurement::
 import argparse
 import contextlib
 import io
-import json
 import math
 import multiprocessing
 import os
@@ -78,6 +77,7 @@ from _common import (
     markdown_table,
     to_crfsuite,
     token_error,
+    write_json,
 )
 
 #: Default token budgets of the training sets.
@@ -617,16 +617,8 @@ def main(argv=None):
             "quick": args.quick,
             "measurements": [{"config": c, "result": r} for c, r in rows],
         }
-        with open(args.out, "w", encoding="utf-8") as handle:
-            json.dump(payload, handle, indent=2, default=_json_default)
-        print(f"results written to {args.out}")
+        write_json(args.out, payload)
     return 0
-
-
-def _json_default(value):
-    if isinstance(value, np.generic):
-        return value.item()
-    raise TypeError(f"cannot serialise {type(value).__name__}")
 
 
 if __name__ == "__main__":

@@ -42,7 +42,6 @@ The full measurement::
 """
 
 import argparse
-import json
 import sys
 
 import numpy as np
@@ -66,6 +65,7 @@ from _common import (
     template_features,
     to_crfsuite,
     token_error,
+    write_json,
 )
 
 #: BENCHMARK.md section 2: all of basenp/test.data, 500 sequences to train.
@@ -469,16 +469,8 @@ def main(argv=None):
             "quick": args.quick,
             "results": results,
         }
-        with open(args.out, "w", encoding="utf-8") as handle:
-            json.dump(payload, handle, indent=2, default=_json_default)
-        print(f"results written to {args.out}")
+        write_json(args.out, payload)
     return 0
-
-
-def _json_default(value):
-    if isinstance(value, np.generic):
-        return value.item()
-    raise TypeError(f"cannot serialise {type(value).__name__}")
 
 
 if __name__ == "__main__":

@@ -28,7 +28,6 @@ The full table::
 """
 
 import argparse
-import json
 import sys
 
 import numpy as np
@@ -54,6 +53,7 @@ from _common import (
     take,
     template_features,
     to_crfsuite,
+    write_json,
 )
 
 from skgpstruct import GPStructClassifier
@@ -376,16 +376,8 @@ def main(argv=None):
             "quick": args.quick,
             "results": results,
         }
-        with open(args.out, "w", encoding="utf-8") as handle:
-            json.dump(payload, handle, indent=2, default=_json_default)
-        print(f"results written to {args.out}")
+        write_json(args.out, payload)
     return 0
-
-
-def _json_default(value):
-    if isinstance(value, np.generic):
-        return value.item()
-    raise TypeError(f"cannot serialise {type(value).__name__}")
 
 
 if __name__ == "__main__":
