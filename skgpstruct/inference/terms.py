@@ -366,13 +366,13 @@ def _score(chunk, shared, projection, residual_sd, rng):
     eta = rng.standard_normal((2, K, V, T, S))
     samples = np.empty((2, K, V, T, S))
     log_q0 = np.zeros((K, n_seq, S))  # estimate set, summed over labels
-    chols0 = []
+    marginals0 = []  # (mean, Cholesky factor) of q0(f_n) per sequence
     for n, (rows, B_n) in enumerate(
         zip(projection0.rows, projection0.B, strict=True)
     ):
         t0, t1 = offsets[n], offsets[n + 1]
         mean0, chol0 = _sequence_marginal(params0, rows, B_n, residual_sd0[t0:t1])
-        chols0.append(chol0)
+        marginals0.append((mean0, chol0))
         if t1 == t0:
             continue
         samples[:, :, :, t0:t1] = mean0[None, ..., None] + chol0[None] @ eta[
@@ -421,7 +421,10 @@ def _score(chunk, shared, projection, residual_sd, rng):
             d_B.append(np.zeros_like(B_n))
             continue
         Tn = t1 - t0
-        mean, chol = _sequence_marginal(params, rows, B_n, residual_sd[t0:t1])
+        if ref is None:  # the samples' posterior is the current one
+            mean, chol = marginals0[n]
+        else:
+            mean, chol = _sequence_marginal(params, rows, B_n, residual_sd[t0:t1])
         chol_inv = np.linalg.solve(chol, np.eye(Tn))  # (K, V, T, T)
         sigma_inv = np.swapaxes(chol_inv, -1, -2) @ chol_inv
         f = samples[0, :, :, t0:t1]  # (K, V, T, S)
@@ -436,10 +439,9 @@ def _score(chunk, shared, projection, residual_sd, rng):
         # Control-variate coefficient from the baseline set (section 5.1):
         # a = sum_s |h_s|^2 log p_s / sum_s |h_s|^2, h the score.
         if shared.control_variate and ref is None:
-            chol0_inv = np.linalg.solve(chols0[n], np.eye(Tn))
-            zb = np.swapaxes(chol0_inv, -1, -2) @ eta[1, :, :, t0:t1, :]
-            sigma0_inv = np.swapaxes(chol0_inv, -1, -2) @ chol0_inv
-            outer_b = np.einsum("kvts,kvus->kvstu", zb, zb) - sigma0_inv[:, :, None]
+            # Baseline samples come from the same (current) posterior.
+            zb = np.swapaxes(chol_inv, -1, -2) @ eta[1, :, :, t0:t1, :]
+            outer_b = np.einsum("kvts,kvus->kvstu", zb, zb) - sigma_inv[:, :, None]
             h_norm = np.einsum("kvts,kvts->ks", zb, zb) + 0.25 * np.einsum(
                 "kvstu,kvstu->ks", outer_b, outer_b
             )
