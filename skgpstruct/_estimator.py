@@ -147,6 +147,15 @@ class GPStructClassifier(BaseEstimator):
     n_iter_no_change : int, default=5
         Epochs without improvement before the stochastic optimiser stops
         (the epoch-mean ELBO is a noisy estimate: keep this above 2 or 3).
+    early_stopping : bool, default=False
+        ``optimizer="stochastic"`` only (ignored by ``partial_fit``): hold out
+        ``validation_fraction`` of the training sequences and stop on their
+        expected log-likelihood under the posterior (the held-out part of
+        the ELBO, estimated with fixed samples) instead of the training
+        ELBO's trend; the posterior of the best epoch is kept.
+    validation_fraction : float, default=0.1
+        Fraction of the training sequences held out when
+        ``early_stopping=True`` (at least one sequence).
     tol : float, default=1e-6
         Relative change of the ELBO under which the optimisation stops.
     decode : {"viterbi", "marginal"}, default="viterbi"
@@ -242,7 +251,12 @@ GroupedLinearKernel`: automatic relevance determination per group).
         every iteration.
     saga_memory_bytes_ : int
         Only after ``optimizer="stochastic"`` or ``partial_fit``: bytes held
-        by SAGA's stored mini-batch gradients.
+        by SAGA's stored gradients (kept per mini-batch in the space of its
+        tokens' potentials, so they grow with the number of training tokens,
+        not with the number of inducing variables).
+    validation_score_history_ : list of float
+        Only after ``optimizer="stochastic"`` with ``early_stopping=True``:
+        the held-out expected log-likelihood per token after every epoch.
 
     Notes
     -----
@@ -281,6 +295,8 @@ GroupedLinearKernel`: automatic relevance determination per group).
         batch_size=10,
         learning_rate=0.05,
         n_iter_no_change=5,
+        early_stopping=False,
+        validation_fraction=0.1,
         tol=1e-6,
         decode="viterbi",
         learn_hyperparameters=True,
@@ -310,6 +326,8 @@ GroupedLinearKernel`: automatic relevance determination per group).
         self.batch_size = batch_size
         self.learning_rate = learning_rate
         self.n_iter_no_change = n_iter_no_change
+        self.early_stopping = early_stopping
+        self.validation_fraction = validation_fraction
         self.tol = tol
         self.decode = decode
         self.learn_hyperparameters = learn_hyperparameters
@@ -364,7 +382,7 @@ GroupedLinearKernel`: automatic relevance determination per group).
                 "ess_burn_in must be None or an integer in [0, ess_n_iter), got "
                 f"{self.ess_burn_in!r}"
             )
-        for name in ("learn_hyperparameters", "warm_start"):
+        for name in ("learn_hyperparameters", "warm_start", "early_stopping"):
             value = getattr(self, name)
             if not isinstance(value, bool | np.bool_):
                 raise ValueError(f"{name} must be True or False, got {value!r}")
@@ -376,6 +394,11 @@ GroupedLinearKernel`: automatic relevance determination per group).
             value = getattr(self, name)
             if not isinstance(value, numbers.Real) or not value > 0:
                 raise ValueError(f"{name} must be a positive number, got {value!r}")
+        fraction = self.validation_fraction
+        if not isinstance(fraction, numbers.Real) or not 0 < fraction < 1:
+            raise ValueError(
+                f"validation_fraction must be a number in (0, 1), got {fraction!r}"
+            )
         likelihood = get_likelihood(self.likelihood)
         if self.gradient == "pathwise" and not likelihood.has_gradient:
             raise ValueError(
@@ -516,10 +539,13 @@ GroupedLinearKernel`: automatic relevance determination per group).
         x0 = layout.pack(params, kernel.theta if n_theta else None, prior_variance)
 
         seed = np.random.SeedSequence(int(rng.integers(2**63)))
+        validation_groups = []
         if optimizer == "stochastic":
             # SAGA items: mini-batches of batch_size sequences, in an order
             # shuffled once per fit.
             order = rng.permutation(len(lengths))
+            if self.early_stopping and not partial:
+                order, validation_groups = self._validation_split(order, lengths)
             groups = [
                 order[i : i + self.batch_size]
                 for i in range(0, len(order), self.batch_size)
@@ -529,11 +555,14 @@ GroupedLinearKernel`: automatic relevance determination per group).
                 np.arange(sl.start, sl.stop)
                 for sl in chunk_slices(lengths, CHUNK_TOKENS)
             ]
+        chunk_seeds = seed.spawn(len(groups) + len(validation_groups))
         chunks = _make_chunks(
-            sequences, offsets, label_index, groups, seed.spawn(len(groups))
+            sequences, offsets, label_index, groups + validation_groups,
+            chunk_seeds,
         )
         for chunk in chunks:
             chunk.layout = inducing.chunk_layout(chunk.X, chunk.offsets)
+        chunks, validation_chunks = chunks[: len(groups)], chunks[len(groups) :]
         objective = SparseELBO(
             chunks, inducing, kernel, likelihood, layout,
             n_samples=self.n_samples,
@@ -567,6 +596,7 @@ GroupedLinearKernel`: automatic relevance determination per group).
                 result = self._optimize_stochastic(
                     objective, layout, x0, bounds, parallel, rng, progress,
                     max_epochs=max_iter, continue_state=warm and not partial,
+                    validation_chunks=validation_chunks,
                 )
             elif self.gradient == "pathwise":
 
@@ -727,22 +757,45 @@ GroupedLinearKernel`: automatic relevance determination per group).
         chosen = select_inducing_points(X_all, kernel, self.n_inducing, method, rng)
         return InducingPoints(X_all[chosen])
 
+    def _validation_split(self, order, lengths):
+        """Hold out validation_fraction of the sequences (early stopping)."""
+        n_held = int(np.ceil(self.validation_fraction * len(order)))
+        if len(order) - n_held < 1:
+            raise ValueError(
+                f"early_stopping=True holds out {n_held} of the "
+                f"{len(order)} training sequences and leaves none to fit; "
+                "give more sequences or set early_stopping=False"
+            )
+        held, order = order[:n_held], order[n_held:]
+        if sum(lengths[i] for i in held) == 0:
+            raise ValueError(
+                "early_stopping=True: the held-out sequences are all empty; "
+                "give more (non-empty) sequences or a larger validation_fraction"
+            )
+        validation_groups = [
+            held[sl] for sl in chunk_slices([lengths[i] for i in held], CHUNK_TOKENS)
+        ]
+        return order, validation_groups
+
     def _optimize_stochastic(self, objective, layout, x0, bounds, parallel, rng,
-                             progress, *, max_epochs, continue_state):
-        """SAGA over the mini-batches (see :mod:`skgpstruct.optim.saga`)."""
+                             progress, *, max_epochs, continue_state,
+                             validation_chunks=()):
+        """SAGA over the mini-batches (see :mod:`skgpstruct.optim.saga`).
+
+        Runs in this process (one mini-batch per step is too little work to
+        send to joblib workers); ``parallel`` only serves the held-out score.
+        """
         if self.gradient == "score":
             raise ValueError(
                 "optimizer='stochastic' uses the pathwise estimator; the score "
                 "estimator is available with optimizer='lbfgs'"
             )
-        chunks = objective.chunks
 
         def item(i, step, x):
-            evaluation = objective.evaluate(
-                x, parallel, chunks=[chunks[i]], iteration_key=step,
-                include_kl=False,
-            )
-            return evaluation.elbo, evaluation.gradient
+            return objective.evaluate_local(x, i, step)
+
+        def expand(record, x):
+            return objective.expand_local(x, record)
 
         def exact(x):
             kl_u, kl_bin, gradient = objective.kl_terms(x)
@@ -751,16 +804,37 @@ GroupedLinearKernel`: automatic relevance determination per group).
         step = np.full(layout.size, float(self.learning_rate))
         for name in ("theta", "pairwise_log_prior_variance"):
             step[layout.slices[name]] *= 0.5
+        validation = None
+        if validation_chunks:
+            held_out = SparseELBO(
+                list(validation_chunks), objective.inducing, objective.kernel,
+                objective.likelihood, layout, n_samples=objective.n_samples,
+                estimator="pathwise",
+                pairwise_prior_variance=objective.pairwise_prior_variance,
+                pairwise_noise=objective.pairwise_noise,
+                residual_floor=objective.residual_floor,
+            )
+            n_held_tokens = sum(c.n_tokens for c in validation_chunks)
+
+            def validation(x):
+                # Fixed samples (iteration key 0): epochs compare like with like.
+                ell = held_out.evaluate(x, parallel, include_kl=False).ell
+                return ell / n_held_tokens
+
         warm = getattr(self, "_saga_state", None) if continue_state else None
         result = maximize_saga(
-            item, exact, x0, len(chunks), step_size=step,
+            item, expand, exact, x0, len(objective.chunks), step_size=step,
             max_epochs=max_epochs, tol=self.tol, bounds=bounds, rng=rng,
             n_iter_no_change=self.n_iter_no_change,
             callback=lambda epoch, value, seconds: progress(epoch, value, None),
-            state=warm,
+            state=warm, validation=validation,
         )
         self._saga_state = result.state
         self.saga_memory_bytes_ = result.stored_bytes
+        if validation is not None:
+            self.validation_score_history_ = result.validation_history
+        else:
+            self.__dict__.pop("validation_score_history_", None)
         return OptimizationResult(
             x=result.x, value=result.history[-1], n_iter=result.n_epochs,
             converged=result.converged, message=f"{result.n_steps} SAGA steps",

@@ -152,7 +152,8 @@ def test_init_stores_parameters_unchanged():
         "random_state": 42, "verbose": 1, "warm_start": True,
         "inference": "ess", "ess_n_iter": 12, "ess_burn_in": 3, "ess_thin": 2,
         "ess_memory_limit": 10**6, "feature_groups": None, "batch_size": 4,
-        "learning_rate": 0.3, "n_iter_no_change": 7,
+        "learning_rate": 0.3, "n_iter_no_change": 7, "early_stopping": True,
+        "validation_fraction": 0.25,
     }
     params = GPStructClassifier(**given).get_params(deep=False)
     assert params.keys() == given.keys()

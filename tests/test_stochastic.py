@@ -4,38 +4,78 @@ import warnings
 
 import numpy as np
 import pytest
+from joblib import Parallel
 from sklearn.exceptions import ConvergenceWarning
 
 from skgpstruct import GPStructClassifier
 from skgpstruct.datasets import make_sequences
+from skgpstruct.inference.elbo import LocalGradient
 from skgpstruct.optim.saga import maximize_saga
+
+
+class _Residual:
+    """A least-squares item's gradient in its local form: item and residual."""
+
+    def __init__(self, i, r):
+        self.i, self.r = i, r
+
+    @property
+    def nbytes(self):
+        return self.r.nbytes
 
 
 def test_saga_solves_a_least_squares_sum_to_the_exact_optimum():
     # F(x) = -sum_i |A_i x - b_i|^2 / 2 - |x|^2 / 2: closed-form optimum.
+    # Items store their 3-dim residual (local form), expanded through A_i.
     rng = np.random.default_rng(0)
     A = [rng.normal(size=(3, 4)) for _ in range(6)]
     b = [rng.normal(size=3) for _ in range(6)]
 
     def item(i, step, x):
         r = A[i] @ x - b[i]
-        return -0.5 * r @ r, -A[i].T @ r
+        return -0.5 * r @ r, _Residual(i, r), -A[i].T @ r
+
+    def expand(record, x):
+        return -A[record.i].T @ record.r
 
     def exact(x):
         return -0.5 * x @ x, -x
 
     result = maximize_saga(
-        item, exact, np.zeros(4), 6, step_size=0.05, max_epochs=400, tol=0.0,
-        n_iter_no_change=10**6, rng=np.random.default_rng(1),
+        item, expand, exact, np.zeros(4), 6, step_size=0.05, max_epochs=400,
+        tol=0.0, n_iter_no_change=10**6, rng=np.random.default_rng(1),
     )
     H = sum(a.T @ a for a in A) + np.eye(4)
     optimum = np.linalg.solve(H, sum(a.T @ bb for a, bb in zip(A, b, strict=True)))
     np.testing.assert_allclose(result.x, optimum, atol=2e-3)
-    # The stored gradients and their running sum agree.
-    stored = np.zeros(4)
-    for idx, values in result.state["stored"]:
-        stored[idx] += values
+    # The stored gradients and their running sum agree; memory is local.
+    stored = sum(expand(record, None) for record in result.state["stored"])
     np.testing.assert_allclose(result.state["total"], stored, atol=1e-10)
+    assert result.stored_bytes == 6 * 3 * 8
+
+
+def test_saga_returns_the_best_point_on_the_held_out_score():
+    # The held-out score peaks at epoch 3: the fit stops n_iter_no_change
+    # epochs later and returns the point it had after epoch 3.
+    scores = iter([1.0, 2.0, 3.0, 2.0, 2.5, 2.9, 9.0])
+    seen = []
+
+    def item(i, step, x):
+        return 0.0, np.ones(1), np.ones(1)
+
+    def validation(x):
+        seen.append(x.copy())
+        return next(scores)
+
+    result = maximize_saga(
+        item, lambda record, x: record, lambda x: (0.0, np.zeros(1)),
+        np.zeros(1), 2, step_size=0.1, max_epochs=10, tol=0.0,
+        n_iter_no_change=3, rng=np.random.default_rng(0), validation=validation,
+    )
+    assert result.validation_history == [1.0, 2.0, 3.0, 2.0, 2.5, 2.9]
+    assert result.converged and result.best_epoch == 3
+    np.testing.assert_array_equal(result.x, seen[2])
+    assert not np.array_equal(result.x, seen[-1])
 
 
 @pytest.fixture(scope="module")
@@ -105,14 +145,134 @@ def test_saga_stops_after_n_epochs_without_beating_the_best():
     values = iter([1.0, 2.0, 3.0, 2.5, 2.9, 2.8, 2.7, 5.0])
 
     def item(i, step, x):
-        return next(values), np.zeros(1)
+        return next(values), np.zeros(1), np.zeros(1)
 
     def exact(x):
         return 0.0, np.zeros(1)
 
     result = maximize_saga(
-        item, exact, np.zeros(1), 1, step_size=0.1, max_epochs=8, tol=0.0,
+        item, lambda record, x: record, exact, np.zeros(1), 1, step_size=0.1, max_epochs=8, tol=0.0,
         n_iter_no_change=4, rng=np.random.default_rng(0),
     )
     assert result.history == [1.0, 2.0, 3.0, 2.5, 2.9, 2.8, 2.7]
     assert result.converged
+
+
+def _stochastic_objective(model_params, X, y):
+    """The SparseELBO a stochastic fit builds (captured through evaluate_local)."""
+    from skgpstruct.inference.elbo import SparseELBO
+
+    captured = {}
+    original = SparseELBO.evaluate_local
+
+    def spy(self, vector, chunk_index, iteration_key, **kw):
+        captured.setdefault("objective", self)
+        captured.setdefault("vector", vector.copy())
+        return original(self, vector, chunk_index, iteration_key, **kw)
+
+    SparseELBO.evaluate_local = spy
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", ConvergenceWarning)
+            GPStructClassifier(optimizer="stochastic", max_iter=1, **model_params).fit(
+                X, y
+            )
+    finally:
+        SparseELBO.evaluate_local = original
+    return captured["objective"], captured["vector"]
+
+
+@pytest.mark.parametrize(
+    "model_params",
+    [
+        dict(kernel="rbf", n_inducing=15, random_state=0),
+        dict(kernel="linear", random_state=1),  # inducing features, grouped rows
+        dict(kernel="rbf", n_inducing=10, covariance="full", n_components=2,
+             random_state=2),
+    ],
+)
+def test_local_gradient_expands_to_the_full_gradient(data, model_params):
+    # A stored local gradient read back through expand_local is the packed
+    # gradient the full evaluation of the same chunk and samples gives.
+    X, y, _, _ = data
+    objective, x = _stochastic_objective(model_params, X[:20], y[:20])
+    x = x + 0.05 * np.random.default_rng(3).standard_normal(x.size)
+    with Parallel(n_jobs=1) as parallel:
+        for chunk_index, key in ((0, 7), (1, 11)):
+            reference = objective.evaluate(
+                x, parallel, chunks=[objective.chunks[chunk_index]],
+                iteration_key=key, include_kl=False,
+            )
+            ell, record, gradient = objective.evaluate_local(x, chunk_index, key)
+            assert isinstance(record, LocalGradient)
+            np.testing.assert_allclose(ell, reference.ell, rtol=1e-12)
+            np.testing.assert_allclose(gradient, reference.gradient, rtol=1e-10,
+                                       atol=1e-12)
+            np.testing.assert_allclose(
+                objective.expand_local(x, record), reference.gradient,
+                rtol=1e-10, atol=1e-12,
+            )
+
+
+def test_saga_memory_grows_with_tokens_not_inducing_points(data):
+    X, y, _, _ = data
+
+    def fit(n_inducing):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", ConvergenceWarning)
+            return GPStructClassifier(
+                kernel="rbf", n_inducing=n_inducing, optimizer="stochastic",
+                max_iter=6, n_iter_no_change=10, batch_size=5, n_samples=2,
+                random_state=0,
+            ).fit(X[:30], y[:30])
+
+    K, S, V = 1, 2, 3
+    n_items, n_tokens = 6, sum(len(s) for s in y[:30])
+    for n_inducing in (10, 40):
+        model = fit(n_inducing)
+        assert all(r is not None for r in model._saga_state["stored"])
+        n_theta = len(model.kernel_.theta)
+        # Per token K * S * V floats; per mini-batch the small dense parts.
+        expected = 8 * (K * S * V * n_tokens + n_items * (K + 2 * V * V + n_theta))
+        assert model.saga_memory_bytes_ == expected
+
+
+def test_early_stopping_keeps_the_best_held_out_epoch(data):
+    X, y, X_test, y_test = data
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ConvergenceWarning)
+        model = GPStructClassifier(
+            kernel="rbf", n_inducing=30, optimizer="stochastic", batch_size=5,
+            early_stopping=True, validation_fraction=0.2, n_iter_no_change=2,
+            tol=1e-3, max_iter=30, random_state=0,
+        ).fit(X, y)
+    history = model.validation_score_history_
+    assert len(history) == model.n_iter_ == len(model.elbo_history_)
+    assert np.all(np.isfinite(history)) and max(history) < 0
+    # Stopped because the held-out score did not improve for two epochs.
+    assert model.n_iter_ < 30
+    # Each of the last two epochs failed to beat the best before it by tol.
+    for e in (len(history) - 2, len(history) - 1):
+        best_before = max(history[:e])
+        assert history[e] <= best_before + 1e-3 * max(abs(best_before), 1.0)
+    assert model.score(X_test, y_test) > _majority(y_test) + 0.3
+    no_stop = GPStructClassifier(kernel="rbf", n_inducing=30, random_state=0)
+    assert not hasattr(no_stop, "validation_score_history_")
+
+
+@pytest.mark.parametrize("fraction", [0, 1, 1.5, "0.1"])
+def test_validation_fraction_is_checked(data, fraction):
+    X, y, _, _ = data
+    with pytest.raises(ValueError, match="validation_fraction"):
+        GPStructClassifier(
+            optimizer="stochastic", early_stopping=True,
+            validation_fraction=fraction,
+        ).fit(X, y)
+
+
+def test_early_stopping_needs_sequences_left_to_fit(data):
+    X, y, _, _ = data
+    with pytest.raises(ValueError, match="leaves none to fit"):
+        GPStructClassifier(
+            optimizer="stochastic", early_stopping=True, validation_fraction=0.5,
+        ).fit(X[:1], y[:1])

@@ -8,13 +8,42 @@ object supplied by the caller; partial sums are reduced in chunk order, so
 the result is bit-identical for any ``n_jobs`` and any joblib backend.
 """
 
+from dataclasses import dataclass
+
 import numpy as np
 from joblib import delayed
 
 from .posterior import VariationalParameters, kl_pairwise, kl_unary
-from .terms import ReferencePosterior, SharedState, chunk_terms
+from .terms import ReferencePosterior, SharedState, chunk_terms, expand_local
 
-__all__ = ["SparseELBO", "ELBOEvaluation"]
+__all__ = ["SparseELBO", "ELBOEvaluation", "LocalGradient"]
+
+
+@dataclass
+class LocalGradient:
+    """One chunk's ELL gradient kept in the chunk's own token space.
+
+    What :meth:`SparseELBO.evaluate_local` returns and
+    :meth:`SparseELBO.expand_local` maps back to the packed vector: the
+    gradient with respect to the chunk's sampled unary potentials, the key
+    of its Monte Carlo noise, and the small dense parts (mixture weights,
+    pairwise posterior, hyperparameters). Its size grows with the chunk's
+    tokens, not with the number of inducing variables.
+    """
+
+    chunk_index: int
+    iteration_key: int
+    unary: np.ndarray  # (K, S, n_tokens, V)
+    weights: np.ndarray  # (K,)
+    pairwise_mean: np.ndarray  # (V, V)
+    pairwise_std: np.ndarray  # (V, V)
+    theta: np.ndarray = None  # (n_theta,) or None
+
+    @property
+    def nbytes(self):
+        arrays = (self.unary, self.weights, self.pairwise_mean, self.pairwise_std)
+        extra = 0 if self.theta is None else self.theta.nbytes
+        return sum(a.nbytes for a in arrays) + extra
 
 
 class ELBOEvaluation:
@@ -129,23 +158,9 @@ class SparseELBO:
         ELBOEvaluation
         """
         layout = self.layout
-        params, theta = layout.unpack(vector)
-        kernel = self.kernel_at(theta)
-        state = self.inducing.prepare(kernel)
-        shared = SharedState(
-            inducing=self.inducing,
-            inducing_state=state,
-            kernel=kernel,
-            params=params,
-            pairwise_noise=self.pairwise_noise,
-            likelihood=self.likelihood,
-            n_samples=self.n_samples,
-            estimator=self.estimator,
-            need_kernel_gradient=theta is not None,
-            residual_floor=self.residual_floor,
-            iteration_key=iteration_key,
-            reference=self._reference(reference),
-        )
+        shared = self._shared_state(vector, iteration_key, reference)
+        params, kernel, state = shared.params, shared.kernel, shared.inducing_state
+        theta = kernel.theta if shared.need_kernel_gradient else None
         chunks = self.chunks if chunks is None else chunks
         results = parallel(delayed(chunk_terms)(chunk, shared) for chunk in chunks)
 
@@ -189,6 +204,123 @@ class SparseELBO:
         kl_u, kl_bin, kl_gradient = self.kl_terms(vector)
         gradient = layout.pack_gradient(params, grads, d_theta, 0.0) + kl_gradient
         return ELBOEvaluation(ell - kl_u - kl_bin, gradient, ell, kl_u, kl_bin)
+
+    def _shared_state(self, vector, iteration_key=0, reference=None):
+        """What every chunk needs at the packed point ``vector``.
+
+        The unpacked parameters, kernel and inducing state of the last point
+        are reused when called again at the same point (the stochastic
+        optimiser reads several stored gradients at each step).
+        """
+        last = getattr(self, "_last_point", None)
+        if last is not None and np.array_equal(last[0], vector):
+            params, kernel, inducing_state = last[1]
+        else:
+            params, theta = self.layout.unpack(vector)
+            kernel = self.kernel_at(theta)
+            inducing_state = self.inducing.prepare(kernel)
+            self._last_point = (
+                np.array(vector, copy=True), (params, kernel, inducing_state)
+            )
+        return SharedState(
+            inducing=self.inducing,
+            inducing_state=inducing_state,
+            kernel=kernel,
+            params=params,
+            pairwise_noise=self.pairwise_noise,
+            likelihood=self.likelihood,
+            n_samples=self.n_samples,
+            estimator=self.estimator,
+            need_kernel_gradient=self.layout.n_theta > 0,
+            residual_floor=self.residual_floor,
+            iteration_key=iteration_key,
+            reference=self._reference(reference),
+        )
+
+    def __getstate__(self):
+        state = self.__dict__.copy()
+        state.pop("_last_point", None)  # a cache, not shipped to workers
+        return state
+
+    def evaluate_local(self, vector, chunk_index, iteration_key, *, scale=1.0):
+        """ELL of one chunk and its gradient in local form (pathwise only).
+
+        Runs in this process. Returns the packed gradient, and the same
+        gradient with its ``q_mu`` and ``q_sqrt`` parts kept in the chunk's
+        token space (see :func:`~skgpstruct.inference.terms.chunk_terms`),
+        for storage.
+
+        Parameters
+        ----------
+        vector : ndarray of shape (layout.size,)
+        chunk_index : int
+        iteration_key : int
+            Selects fresh Monte Carlo samples (must be positive).
+        scale : float, default=1.0
+            Multiplies the ELL and every gradient.
+
+        Returns
+        -------
+        ell : float
+        local : LocalGradient
+        gradient : ndarray of shape (layout.size,)
+        """
+        shared = self._shared_state(vector, iteration_key)
+        chunk = self.chunks[chunk_index]
+        res = chunk_terms(chunk, shared, local=True)
+        theta = None
+        if shared.need_kernel_gradient:
+            theta = res["theta"]
+            if res["inducing_state"] is not None:
+                theta = theta + self.inducing.finish_gradient(
+                    shared.kernel, shared.inducing_state, res["inducing_state"]
+                )
+            theta = scale * theta
+        gradient = LocalGradient(
+            chunk_index=chunk_index,
+            iteration_key=iteration_key,
+            unary=scale * res["local"],
+            weights=scale * res["weights"],
+            pairwise_mean=scale * res["pairwise_mean"],
+            pairwise_std=scale * res["pairwise_std"],
+            theta=theta,
+        )
+        grads = VariationalParameters(
+            scale * res["q_mu"], scale * res["q_sqrt"], gradient.weights,
+            gradient.pairwise_mean, gradient.pairwise_std,
+        )
+        packed = self.layout.pack_gradient(shared.params, grads, theta, 0.0)
+        return scale * res["ell"], gradient, packed
+
+    def expand_local(self, vector, gradient, shared=None):
+        """The packed gradient of a :class:`LocalGradient` at ``vector``.
+
+        The token-space gradient is mapped through the projection of the
+        current kernel (and the chain rule to the packed coordinates taken at
+        the current point); the other parts are used as stored.
+
+        Parameters
+        ----------
+        vector : ndarray of shape (layout.size,)
+        gradient : LocalGradient
+        shared : SharedState or None
+            The state at ``vector`` if the caller already has it.
+
+        Returns
+        -------
+        ndarray of shape (layout.size,)
+        """
+        if shared is None:
+            shared = self._shared_state(vector)
+        chunk = self.chunks[gradient.chunk_index]
+        grad_mu, grad_sqrt = expand_local(
+            chunk, shared, gradient.unary, gradient.iteration_key
+        )
+        grads = VariationalParameters(
+            grad_mu, grad_sqrt, gradient.weights, gradient.pairwise_mean,
+            gradient.pairwise_std,
+        )
+        return self.layout.pack_gradient(shared.params, grads, gradient.theta, 0.0)
 
     def kl_terms(self, vector):
         """The two KL terms and the packed gradient of ``-(KL_u + KL_bin)``.

@@ -46,6 +46,7 @@ __all__ = [
     "SharedState",
     "ReferencePosterior",
     "chunk_terms",
+    "expand_local",
     "sample_unary",
 ]
 
@@ -116,31 +117,51 @@ class ReferencePosterior:
     inducing_state: object
 
 
-def chunk_terms(chunk, shared):
+def _chunk_rng(chunk, iteration_key):
+    """The generator of a chunk's Monte Carlo base samples at one iteration."""
+    return np.random.default_rng(
+        np.random.SeedSequence(
+            entropy=chunk.seed.entropy,
+            spawn_key=(*chunk.seed.spawn_key, iteration_key),
+        )
+    )
+
+
+def chunk_terms(chunk, shared, local=False):
     """ELL of one chunk and its gradients; see the module docstring.
+
+    Parameters
+    ----------
+    chunk : Chunk
+    shared : SharedState
+    local : bool, default=False
+        Pathwise estimator only. Also return the chunk's gradient in its own
+        token space: ``local``, the derivative of the (weighted) log
+        likelihood with respect to every sampled unary potential, shape
+        (K, S, n_tokens, V). :func:`expand_local` maps it to ``q_mu`` and
+        ``q_sqrt`` again (drawing the inducing noise anew from the iteration
+        key), so that a stored gradient takes memory in proportion to the
+        chunk's tokens, not to the number of inducing variables.
 
     Returns
     -------
     result : dict
         ``ell`` (float), ``q_mu`` (K, V, M), ``q_sqrt`` (shape of q_sqrt),
         ``weights`` (K,), ``pairwise_mean`` (V, V), ``pairwise_std`` (V, V),
-        ``inducing_state`` (gradient w.r.t. the inducing state, or None) and
-        ``theta`` (n_theta,) or None.
+        ``inducing_state`` (gradient w.r.t. the inducing state, or None),
+        ``theta`` (n_theta,) or None, and ``local`` when asked for.
     """
     projection = shared.inducing.project(
         shared.kernel, shared.inducing_state, chunk.X, chunk.offsets, chunk.layout
     )
     residual_sd = np.sqrt(projection.residual + shared.residual_floor)
-    rng = np.random.default_rng(
-        np.random.SeedSequence(
-            entropy=chunk.seed.entropy,
-            spawn_key=(*chunk.seed.spawn_key, shared.iteration_key),
-        )
-    )
+    rng = _chunk_rng(chunk, shared.iteration_key)
+    if local and shared.estimator != "pathwise":
+        raise ValueError("local gradients need the pathwise estimator")
     if shared.estimator == "pathwise":
         cache = chunk.noise_cache if shared.iteration_key == 0 else None
         out, d_B, d_residual_sd = _pathwise(
-            chunk, shared, projection, residual_sd, rng, cache
+            chunk, shared, projection, residual_sd, rng, cache, local=local
         )
     elif shared.estimator == "score":
         out, d_B, d_residual_sd = _score(chunk, shared, projection, residual_sd, rng)
@@ -165,22 +186,36 @@ def _rows(array, rows):
     return array if rows is None else array[:, :, rows]
 
 
-def _draw_inducing(params, rows, S, rng, noise=None):
-    """Inducing draws v[rows] of every sequence: list of (v, eps), and the noise.
+def _inducing_noise(params, rows, S, rng, noise=None):
+    """Standard normal noise of the inducing draws of every sequence.
 
-    ``v`` has shape (K, V, n_rows, S); ``eps`` the standard normal noise
-    (K, V, M, S) with full covariances, (K, V, n_rows, S) with diagonal ones.
-    All the noise of a chunk is drawn in one call.
+    Returns the list of per-sequence ``eps``, of shape (K, V, M, S) with
+    full covariances and (K, V, n_rows, S) with diagonal ones, and the flat
+    array they are views of. All the noise of a chunk is drawn in one call,
+    so that the same generator state gives the same noise.
     """
     K, V, M = params.q_mu.shape
     full = params.full_covariance
     sizes = [M if (full or r is None) else r.size for r in rows]
     if noise is None:
         noise = rng.standard_normal(K * V * S * sum(sizes))
-    draws, start = [], 0
-    for r, size in zip(rows, sizes, strict=True):
-        eps = noise[start : start + K * V * size * S].reshape(K, V, size, S)
+    pieces, start = [], 0
+    for size in sizes:
+        pieces.append(noise[start : start + K * V * size * S].reshape(K, V, size, S))
         start += K * V * size * S
+    return pieces, noise
+
+
+def _draw_inducing(params, rows, S, rng, noise=None):
+    """Inducing draws v[rows] of every sequence: list of (v, eps), and the noise.
+
+    ``v`` has shape (K, V, n_rows, S); ``eps`` is described in
+    :func:`_inducing_noise`.
+    """
+    full = params.full_covariance
+    pieces, noise = _inducing_noise(params, rows, S, rng, noise)
+    draws = []
+    for r, eps in zip(rows, pieces, strict=True):
         mean = _rows(params.q_mu, r)[..., None]
         if full:
             v = mean + _rows(params.q_sqrt, r) @ eps
@@ -250,7 +285,86 @@ def _zero_grads(params):
     return np.zeros_like(params.q_mu), np.zeros_like(params.q_sqrt)
 
 
-def _pathwise(chunk, shared, projection, residual_sd, rng, cache=None):
+def _accumulate_inducing_gradient(grad_mu, grad_sqrt, rows, d_v, eps, full):
+    """Add one sequence's share of the q_mu and q_sqrt gradients.
+
+    ``d_v`` (K, V, n_rows, S) is the gradient with respect to the inducing
+    draws ``v = q_mu + q_sqrt eps`` restricted to ``rows``.
+    """
+    if full:
+        d_sqrt = d_v @ np.swapaxes(eps, -1, -2)
+    else:
+        d_sqrt = np.einsum("kvms,kvms->kvm", d_v, eps)
+    if rows is None:
+        grad_mu += d_v.sum(axis=-1)
+        grad_sqrt += d_sqrt
+    else:
+        grad_mu[:, :, rows] += d_v.sum(axis=-1)
+        if full:
+            grad_sqrt[:, :, rows, :] += d_sqrt
+        else:
+            grad_sqrt[:, :, rows] += d_sqrt
+
+
+def _sequence_d_v(B_n, g_unary, t0, t1):
+    """Gradient w.r.t. the inducing draws from the token gradient of one sequence.
+
+    Returns ``d_v`` (K, V, n_rows, S) and ``g_n``, the token gradient as a
+    (T_n, K * V * S) matrix with columns ordered (k, j, s).
+    """
+    K, S, _, V = g_unary.shape
+    n_rows = B_n.shape[0]
+    g_n = g_unary[:, :, t0:t1, :].transpose(2, 0, 3, 1).reshape(t1 - t0, -1)
+    d_v = (B_n @ g_n).reshape(n_rows, K, V, S).transpose(1, 2, 0, 3)
+    return d_v, g_n
+
+
+def expand_local(chunk, shared, local, iteration_key):
+    """The q_mu and q_sqrt gradients of a local gradient (see :func:`chunk_terms`).
+
+    Parameters
+    ----------
+    chunk : Chunk
+    shared : SharedState
+        The current kernel and inducing state give the projection ``B``;
+        ``shared.params`` only its shapes.
+    local : ndarray of shape (K, S, n_tokens, V)
+        The token-space gradient returned by ``chunk_terms(..., local=True)``.
+    iteration_key : int
+        The key it was computed with: the inducing noise is drawn again from
+        the chunk's generator at that key.
+
+    Returns
+    -------
+    q_mu : ndarray of shape (K, V, M)
+    q_sqrt : ndarray of the shape of ``shared.params.q_sqrt``
+    """
+    params = shared.params
+    projection = shared.inducing.project(
+        shared.kernel, shared.inducing_state, chunk.X, chunk.offsets, chunk.layout
+    )
+    S = local.shape[1]
+    noise, _ = _inducing_noise(
+        params, projection.rows, S, _chunk_rng(chunk, iteration_key)
+    )
+    grad_mu, grad_sqrt = _zero_grads(params)
+    offsets = chunk.offsets
+    for n, (rows, B_n, eps) in enumerate(
+        zip(projection.rows, projection.B, noise, strict=True)
+    ):
+        t0, t1 = offsets[n], offsets[n + 1]
+        if t1 == t0:
+            continue
+        d_v, _ = _sequence_d_v(B_n, local, t0, t1)
+        _accumulate_inducing_gradient(
+            grad_mu, grad_sqrt, rows, d_v, eps, params.full_covariance
+        )
+    if params.full_covariance:
+        grad_sqrt = np.tril(grad_sqrt)
+    return grad_mu, grad_sqrt
+
+
+def _pathwise(chunk, shared, projection, residual_sd, rng, cache=None, local=False):
     params = shared.params
     K, V, M = params.q_mu.shape
     S = shared.n_samples
@@ -275,24 +389,11 @@ def _pathwise(chunk, shared, projection, residual_sd, rng, cache=None):
         if t1 == t0:
             d_B.append(np.zeros_like(B_n))
             continue
-        n_rows = B_n.shape[0]
-        g_n = g_unary[:, :, t0:t1, :].transpose(2, 0, 3, 1).reshape(t1 - t0, -1)
         # columns ordered (k, j, s) in both g_n and v_mat
-        d_v = (B_n @ g_n).reshape(n_rows, K, V, S).transpose(1, 2, 0, 3)
-        v_mat = v.transpose(2, 0, 1, 3).reshape(n_rows, -1)
+        d_v, g_n = _sequence_d_v(B_n, g_unary, t0, t1)
+        v_mat = v.transpose(2, 0, 1, 3).reshape(B_n.shape[0], -1)
         d_B.append(v_mat @ g_n.T)
-        if rows is None:
-            grad_mu += d_v.sum(axis=-1)
-            if full:
-                grad_sqrt += d_v @ np.swapaxes(eps, -1, -2)
-            else:
-                grad_sqrt += np.einsum("kvms,kvms->kvm", d_v, eps)
-        else:
-            grad_mu[:, :, rows] += d_v.sum(axis=-1)
-            if full:
-                grad_sqrt[:, :, rows, :] += d_v @ np.swapaxes(eps, -1, -2)
-            else:
-                grad_sqrt[:, :, rows] += np.einsum("kvms,kvms->kvm", d_v, eps)
+        _accumulate_inducing_gradient(grad_mu, grad_sqrt, rows, d_v, eps, full)
     if full:
         grad_sqrt = np.tril(grad_sqrt)
     d_residual_sd = np.einsum("kstv,kstv->t", g_unary, xi)
@@ -300,12 +401,13 @@ def _pathwise(chunk, shared, projection, residual_sd, rng, cache=None):
     g_pair_s = np.einsum("k,ksnij->sij", w / S, g_pair.reshape(K, S, n_seq, V, V))
     out = {
         "ell": float(np.einsum("k,ksn->", w / S, log_p)),
-        "q_mu": grad_mu,
-        "q_sqrt": grad_sqrt,
         "weights": log_p.sum(axis=(1, 2)) / S,
         "pairwise_mean": g_pair_s.sum(axis=0),
         "pairwise_std": np.einsum("sij,sij->ij", g_pair_s, shared.pairwise_noise),
     }
+    out["q_mu"], out["q_sqrt"] = grad_mu, grad_sqrt
+    if local:
+        out["local"] = g_unary
     return out, d_B, d_residual_sd
 
 

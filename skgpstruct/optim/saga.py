@@ -10,14 +10,25 @@ item ``i`` uses
 
 an unbiased estimate of ``grad F`` whose variance shrinks as the stored
 gradients approach the current ones; then ``Phi += grad f_i - phi_i`` and
-``phi_i = grad f_i`` (the sum is updated incrementally, never recomputed).
-Item gradients are stored sparsely (only their non-zero coordinates), so the
-memory grows with the data each item touches, not with items x parameters.
+``phi_i = grad f_i`` (the sum is updated incrementally, never recomputed
+within an epoch).
+
+Stored gradients are opaque *records* in whatever compact form the caller
+chooses (for the GP, the gradient with respect to the item's own sampled
+potentials: memory in proportion to its tokens, not to the parameters); a
+caller-supplied ``expand(record, x)`` maps a record to a gradient vector.
+When that map depends on ``x`` (the GP's projection moves with the kernel
+hyperparameters), ``phi_i`` is read through the current map, and ``Phi`` is
+recomputed from the records at the start of every epoch so that it stays
+their sum.
 
 Steps are scaled per coordinate by Adam's moment estimates (Kingma and Ba,
 2015) and by a step size per coordinate (one per parameter group), decayed
-as ``step / sqrt(epoch)`` with epochs counted from 1. This module knows
-nothing of GPs.
+as ``step / sqrt(epoch)`` with epochs counted from 1. The fit stops, as
+scikit-learn's SGD does, after ``n_iter_no_change`` epochs that do not beat
+the best epoch by ``tol``, judged on a held-out score when one is given
+(the best point on it is returned) or on the epoch mean of the training
+objective. This module knows nothing of GPs.
 """
 
 import time
@@ -40,8 +51,13 @@ class SAGAResult:
     converged : bool
     history : list of float
         Per epoch, the mean of the per-step estimates of the objective.
+    validation_history : list of float
+        Per epoch, the held-out score (empty without one).
     stored_bytes : int
         Memory held by the stored item gradients at the end.
+    best_epoch : int
+        The epoch whose point is returned (the last one without a held-out
+        score).
     """
 
     x: np.ndarray
@@ -49,11 +65,14 @@ class SAGAResult:
     n_steps: int
     converged: bool
     history: list = field(default_factory=list)
+    validation_history: list = field(default_factory=list)
     stored_bytes: int = 0
+    best_epoch: int = 0
 
 
 def maximize_saga(
     item_value_and_grad,
+    expand,
     exact_value_and_grad,
     x0,
     n_items,
@@ -66,14 +85,19 @@ def maximize_saga(
     rng=None,
     callback=None,
     state=None,
+    validation=None,
 ):
     """Maximise ``sum_i f_i(x) + g(x)`` with SAGA and Adam-scaled steps.
 
     Parameters
     ----------
     item_value_and_grad : callable
-        ``item_value_and_grad(i, step, x) -> (value, gradient)`` of item
-        ``i`` (fresh Monte Carlo samples selected by ``step``).
+        ``item_value_and_grad(i, step, x) -> (value, record, gradient)`` of
+        item ``i`` (fresh Monte Carlo samples selected by ``step``):
+        ``gradient`` as a vector, ``record`` the same gradient in the form
+        to store (anything with an ``nbytes`` attribute).
+    expand : callable
+        ``expand(record, x) -> gradient`` vector of a stored record at ``x``.
     exact_value_and_grad : callable
         ``exact_value_and_grad(x) -> (value, gradient)`` of ``g``.
     x0 : ndarray of shape (n,)
@@ -83,9 +107,9 @@ def maximize_saga(
     max_epochs : int, default=50
         One epoch is ``n_items`` steps on items drawn uniformly at random.
     tol : float, default=1e-4
-        Stop after ``n_iter_no_change`` consecutive epochs whose mean
-        objective does not exceed the best epoch so far by ``tol``
-        (relative).
+        Stop after ``n_iter_no_change`` consecutive epochs whose score (the
+        held-out one if given, else the mean training objective) does not
+        exceed the best epoch so far by ``tol`` (relative).
     n_iter_no_change : int, default=3
     bounds : sequence of (low, high) or None
         Coordinates are clipped to these bounds after every step.
@@ -95,6 +119,9 @@ def maximize_saga(
     state : dict or None
         The stored gradients of a previous call (returned in
         ``result.state``), to continue from them (``partial_fit``).
+    validation : callable or None
+        ``validation(x) -> float``, a held-out score to maximise, evaluated
+        after every epoch; the point of its best epoch is returned.
 
     Returns
     -------
@@ -121,29 +148,29 @@ def maximize_saga(
         }
     stored, total = state["stored"], state["total"]
     beta1, beta2, eps = 0.9, 0.999, 1e-8
-    history, no_change, converged = [], 0, False
-    best = -np.inf
+    history, validation_history = [], []
+    no_change, converged = 0, False
+    best, best_x, best_epoch = -np.inf, None, 0
     start = time.perf_counter()
     epoch = 0
     for epoch in range(1, max_epochs + 1):
+        if epoch > 1 or any(r is not None for r in stored):
+            # Re-read every stored gradient through the current map.
+            total[:] = 0.0
+            for record in stored:
+                if record is not None:
+                    total += expand(record, x)
         values = []
         rate = step_size / np.sqrt(epoch)
         for _ in range(n_items):
             i = int(rng.integers(n_items))
             state["t"] += 1
-            value, grad = item_value_and_grad(i, state["t"], x)
-            idx = np.flatnonzero(grad)
-            new = (idx, grad[idx])
-            old = stored[i]
-            direction = total.copy()
-            direction[new[0]] += n_items * new[1]
-            if old is not None:
-                direction[old[0]] -= n_items * old[1]
-                total[old[0]] -= old[1]
-            total[new[0]] += new[1]
-            stored[i] = new
+            value, record, grad = item_value_and_grad(i, state["t"], x)
+            delta = grad if stored[i] is None else grad - expand(stored[i], x)
+            stored[i] = record
             exact_value, exact_grad = exact_value_and_grad(x)
-            direction += exact_grad
+            direction = total + n_items * delta + exact_grad
+            total += delta
             values.append(n_items * value + exact_value)
             m, v, t = state["m"], state["v"], state["t"]
             m *= beta1
@@ -156,28 +183,37 @@ def maximize_saga(
             if low is not None:
                 np.clip(x, low, high, out=x)
         history.append(float(np.mean(values)))
+        if validation is not None:
+            validation_history.append(float(validation(x)))
+        score = history[-1] if validation is None else validation_history[-1]
         if callback is not None:
             callback(epoch, history[-1], time.perf_counter() - start)
         # As scikit-learn's SGD: stop after n_iter_no_change epochs that do
         # not beat the best epoch so far by tol (relative); single noisy
         # epochs that fall do not end the fit by themselves.
-        if len(history) == 1 or history[-1] > best + tol * max(abs(best), 1.0):
-            best, no_change = history[-1], 0
+        if epoch == 1 or score > best + tol * max(abs(best), 1.0):
+            no_change = 0
         else:
             no_change += 1
-            if no_change >= n_iter_no_change:
-                converged = True
-                break
-    stored_bytes = sum(
-        s[0].nbytes + s[1].nbytes for s in stored if s is not None
-    )
+        if epoch == 1 or score > best:
+            best, best_epoch = score, epoch
+            if validation is not None:
+                best_x = x.copy()
+        if no_change >= n_iter_no_change:
+            converged = True
+            break
+    if best_x is None:
+        best_x, best_epoch = x, epoch
+    stored_bytes = sum(r.nbytes for r in stored if r is not None)
     result = SAGAResult(
-        x=x,
+        x=best_x,
         n_epochs=epoch,
         n_steps=state["t"],
         converged=converged,
         history=history,
+        validation_history=validation_history,
         stored_bytes=stored_bytes,
+        best_epoch=best_epoch,
     )
     result.state = state
     return result
