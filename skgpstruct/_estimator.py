@@ -1,5 +1,6 @@
 """GPStructClassifier: the scikit-learn face of the structured GP."""
 
+import contextlib
 import hashlib
 import numbers
 import sys
@@ -60,6 +61,15 @@ _OPTIONS = {
     "decode": ("viterbi", "marginal"),
     "inducing": ("auto", "features", "kmeans++", "random"),
 }
+
+
+@contextlib.contextmanager
+def _released(objective):
+    """Drop the chunks the objective cached in this process when the fit ends."""
+    try:
+        yield objective
+    finally:
+        objective.release()
 
 
 def _make_chunks(sequences, offsets, label_index, groups, seeds):
@@ -591,7 +601,7 @@ GroupedLinearKernel`: automatic relevance determination per group).
                     flush=True,
                 )
 
-        with Parallel(n_jobs=self.n_jobs) as parallel:
+        with Parallel(n_jobs=self.n_jobs) as parallel, _released(objective):
             if optimizer == "stochastic":
                 result = self._optimize_stochastic(
                     objective, layout, x0, bounds, parallel, rng, progress,

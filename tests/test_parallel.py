@@ -59,3 +59,90 @@ def test_threading_backend_gives_the_same_model(small_chunks):
     with parallel_config(backend="threading"):
         threaded = _fit(n_jobs=2)
     np.testing.assert_array_equal(local.q_mu_, threaded.q_mu_)
+
+
+def test_loky_backend_gives_the_same_model(small_chunks):
+    # Worker processes keep the chunks between evaluations: same model.
+    local = _fit(n_jobs=1)
+    with parallel_config(backend="loky"):
+        spread = _fit(n_jobs=2)
+    np.testing.assert_array_equal(local.q_mu_, spread.q_mu_)
+    assert local.elbo_history_ == spread.elbo_history_
+
+
+def test_chunks_are_sent_once_and_again_to_a_process_that_lacks_them(
+    small_chunks, monkeypatch
+):
+    from joblib import Parallel
+
+    from skgpstruct.inference import elbo as elbo_module
+
+    captured = {}
+    original = elbo_module.SparseELBO.evaluate
+
+    def spy(self, vector, parallel, **kw):
+        captured.setdefault("objective", self)
+        captured.setdefault("vector", vector.copy())
+        return original(self, vector, parallel, **kw)
+
+    monkeypatch.setattr(elbo_module.SparseELBO, "evaluate", spy)
+    _fit(n_jobs=1)
+    objective, x = captured["objective"], captured["vector"]
+    assert len(objective.chunks) > 2
+    # The fit released what it cached in this process.
+    assert objective._token not in elbo_module._CHUNK_CACHE
+
+    sent = []
+    real = elbo_module._cached_chunk_terms
+
+    def counting(token, index, chunk, shared):
+        sent.append((index, chunk is not None))
+        return real(token, index, chunk, shared)
+
+    monkeypatch.setattr(elbo_module, "_cached_chunk_terms", counting)
+    with Parallel(n_jobs=1) as parallel:
+        first = objective.evaluate(x, parallel)
+        n = len(objective.chunks)
+        assert sent == [(i, True) for i in range(n)]
+        sent.clear()
+        second = objective.evaluate(x, parallel)
+        assert sent == [(i, False) for i in range(n)]  # indices only
+        # A process that lost its chunks (a new worker) gets them again.
+        elbo_module._CHUNK_CACHE.clear()
+        sent.clear()
+        third = objective.evaluate(x, parallel)
+        assert sent == [(i, False) for i in range(n)] + [(i, True) for i in range(n)]
+    objective.release()
+    assert objective._token not in elbo_module._CHUNK_CACHE
+    for other in (second, third):
+        assert other.elbo == first.elbo
+        np.testing.assert_array_equal(other.gradient, first.gradient)
+
+
+def test_a_new_fit_replaces_the_cached_chunks_of_the_previous_one():
+    from skgpstruct.inference import elbo as elbo_module
+
+    elbo_module._CHUNK_CACHE.clear()
+    elbo_module._CHUNK_CACHE["old"] = {0: object()}
+    assert elbo_module._cached_chunk_terms("new", 0, None, None) is None
+    assert "old" in elbo_module._CHUNK_CACHE  # a miss changes nothing
+    X, y = make_sequences(3, random_state=0)
+    captured = {}
+    original = elbo_module._cached_chunk_terms
+
+    def spy(token, index, chunk, shared):
+        captured.setdefault("call", (token, index, chunk, shared))
+        return original(token, index, chunk, shared)
+
+    elbo_module._cached_chunk_terms = spy
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", ConvergenceWarning)
+            GPStructClassifier(max_iter=1, random_state=0).fit(X, y)
+    finally:
+        elbo_module._cached_chunk_terms = original
+    token, index, chunk, shared = captured["call"]
+    elbo_module._CHUNK_CACHE["old"] = {0: object()}
+    assert original(token, index, chunk, shared)["ell"] < 0
+    assert list(elbo_module._CHUNK_CACHE) == [token]
+    elbo_module._CHUNK_CACHE.clear()

@@ -6,8 +6,14 @@ packed parameter vector (see :class:`~skgpstruct.inference.posterior.ParameterLa
 The per-sequence terms run chunk by chunk through a joblib ``Parallel``
 object supplied by the caller; partial sums are reduced in chunk order, so
 the result is bit-identical for any ``n_jobs`` and any joblib backend.
+
+The training data do not change during a fit, so each worker process keeps
+the chunks it has received (:func:`_cached_chunk_terms`): after the first
+evaluation only the small per-evaluation state is sent, and a chunk goes
+out again only to a worker that has not seen it yet.
 """
 
+import uuid
 from dataclasses import dataclass
 
 import numpy as np
@@ -17,6 +23,28 @@ from .posterior import VariationalParameters, kl_pairwise, kl_unary
 from .terms import ReferencePosterior, SharedState, chunk_terms, expand_local
 
 __all__ = ["SparseELBO", "ELBOEvaluation", "LocalGradient"]
+
+# In every process that runs chunk terms: {fit token: {chunk index: Chunk}},
+# holding the chunks of the latest fit only.
+_CHUNK_CACHE = {}
+
+
+def _cached_chunk_terms(token, index, chunk, shared):
+    """``chunk_terms`` of chunk ``index`` of fit ``token``, from this process's cache.
+
+    ``chunk`` is the chunk itself (then cached, replacing the chunks of any
+    other fit) or None; returns None when this process does not hold it, and
+    the caller sends it again.
+    """
+    store = _CHUNK_CACHE.get(token)
+    if chunk is not None:
+        if store is None:
+            _CHUNK_CACHE.clear()
+            store = _CHUNK_CACHE.setdefault(token, {})
+        store[index] = chunk
+    elif store is None or index not in store:
+        return None
+    return chunk_terms(store[index], shared)
 
 
 @dataclass
@@ -161,8 +189,10 @@ class SparseELBO:
         shared = self._shared_state(vector, iteration_key, reference)
         params, kernel, state = shared.params, shared.kernel, shared.inducing_state
         theta = kernel.theta if shared.need_kernel_gradient else None
-        chunks = self.chunks if chunks is None else chunks
-        results = parallel(delayed(chunk_terms)(chunk, shared) for chunk in chunks)
+        if chunks is None:
+            results = self._map_chunks(parallel, shared)
+        else:
+            results = parallel(delayed(chunk_terms)(chunk, shared) for chunk in chunks)
 
         # Reduce in chunk order (deterministic whatever the backend).
         ell = 0.0
@@ -204,6 +234,43 @@ class SparseELBO:
         kl_u, kl_bin, kl_gradient = self.kl_terms(vector)
         gradient = layout.pack_gradient(params, grads, d_theta, 0.0) + kl_gradient
         return ELBOEvaluation(ell - kl_u - kl_bin, gradient, ell, kl_u, kl_bin)
+
+    def _map_chunks(self, parallel, shared):
+        """``chunk_terms`` of every chunk, in chunk order.
+
+        The first call sends every chunk with its task; later calls send only
+        the chunk's index, and send the chunk again to whichever worker
+        answers that it does not hold it.
+        """
+        if not hasattr(self, "_token"):
+            self._token = uuid.uuid4().hex
+        results = [None] * len(self.chunks)
+        pending = list(range(len(self.chunks)))
+        with_data = not getattr(self, "_dispatched", False)
+        while pending:
+            answers = parallel(
+                delayed(_cached_chunk_terms)(
+                    self._token, i, self.chunks[i] if with_data else None, shared
+                )
+                for i in pending
+            )
+            for i, answer in zip(pending, answers, strict=True):
+                results[i] = answer
+            pending = [i for i in pending if results[i] is None]
+            with_data = True
+        self._dispatched = True
+        return results
+
+    def release(self):
+        """Drop the chunks this process cached for the fit (call when done).
+
+        Worker processes drop theirs when they receive the chunks of another
+        fit, or when joblib shuts them down.
+        """
+        token = getattr(self, "_token", None)
+        if token is not None:
+            _CHUNK_CACHE.pop(token, None)
+        self._dispatched = False
 
     def _shared_state(self, vector, iteration_key=0, reference=None):
         """What every chunk needs at the packed point ``vector``.
