@@ -571,7 +571,9 @@ GroupedLinearKernel`: automatic relevance determination per group).
             chunk_seeds,
         )
         for chunk in chunks:
-            chunk.layout = inducing.chunk_layout(chunk.X, chunk.offsets)
+            chunk.layout = inducing.chunk_layout(
+                chunk.X, chunk.offsets, compact=self.covariance == "diag"
+            )
         chunks, validation_chunks = chunks[: len(groups)], chunks[len(groups) :]
         objective = SparseELBO(
             chunks, inducing, kernel, likelihood, layout,

@@ -13,6 +13,7 @@ evaluation only the small per-evaluation state is sent, and a chunk goes
 out again only to a worker that has not seen it yet.
 """
 
+import dataclasses
 import uuid
 from dataclasses import dataclass
 
@@ -27,6 +28,16 @@ __all__ = ["SparseELBO", "ELBOEvaluation", "LocalGradient"]
 # In every process that runs chunk terms: {fit token: {chunk index: Chunk}},
 # holding the chunks of the latest fit only.
 _CHUNK_CACHE = {}
+
+
+def _add_at(total, support, part, axis=2):
+    """``total += part``, or on the support's indices along ``axis``."""
+    if support is None:
+        total += part
+    else:
+        index = [slice(None)] * total.ndim
+        index[axis] = support
+        total[tuple(index)] += part
 
 
 def _cached_chunk_terms(token, index, chunk, shared):
@@ -190,9 +201,13 @@ class SparseELBO:
         params, kernel, state = shared.params, shared.kernel, shared.inducing_state
         theta = kernel.theta if shared.need_kernel_gradient else None
         if chunks is None:
+            chunks = self.chunks
             results = self._map_chunks(parallel, shared)
         else:
-            results = parallel(delayed(chunk_terms)(chunk, shared) for chunk in chunks)
+            results = parallel(
+                delayed(chunk_terms)(chunk, self._restricted(shared, chunk)[0])
+                for chunk in chunks
+            )
 
         # Reduce in chunk order (deterministic whatever the backend).
         ell = 0.0
@@ -205,21 +220,20 @@ class SparseELBO:
         )
         d_state = None
         d_theta = np.zeros_like(theta) if theta is not None else None
-        for res in results:
+        for chunk, res in zip(chunks, results, strict=True):
+            support = self.inducing.support(chunk.layout)
             ell += res["ell"]
-            grads.q_mu += res["q_mu"]
-            grads.q_sqrt += res["q_sqrt"]
+            _add_at(grads.q_mu, support, res["q_mu"])
+            _add_at(grads.q_sqrt, support, res["q_sqrt"])
             grads.weights += res["weights"]
             grads.pairwise_mean += res["pairwise_mean"]
             grads.pairwise_std += res["pairwise_std"]
             if theta is not None:
                 d_theta += res["theta"]
                 if res["inducing_state"] is not None:
-                    d_state = (
-                        res["inducing_state"]
-                        if d_state is None
-                        else d_state + res["inducing_state"]
-                    )
+                    if d_state is None:
+                        d_state = np.zeros_like(state)
+                    _add_at(d_state, support, res["inducing_state"], axis=0)
         ell *= scale
         for g in grads.astuple():
             g *= scale
@@ -250,7 +264,8 @@ class SparseELBO:
         while pending:
             answers = parallel(
                 delayed(_cached_chunk_terms)(
-                    self._token, i, self.chunks[i] if with_data else None, shared
+                    self._token, i, self.chunks[i] if with_data else None,
+                    self._restricted(shared, self.chunks[i])[0],
                 )
                 for i in pending
             )
@@ -260,6 +275,40 @@ class SparseELBO:
             with_data = True
         self._dispatched = True
         return results
+
+    def _restricted(self, shared, chunk):
+        """The state restricted to the chunk's support, and the support.
+
+        A chunk laid out compactly (inducing features, diagonal covariances)
+        only sees the parameters and feature scales of its own features.
+        """
+        support = self.inducing.support(chunk.layout)
+        if support is None:
+            return shared, None
+        if shared.params.full_covariance:
+            raise ValueError("compact chunk layouts need diagonal covariances")
+
+        def take(params):
+            return VariationalParameters(
+                params.q_mu[:, :, support], params.q_sqrt[:, :, support],
+                params.weights, params.pairwise_mean, params.pairwise_std,
+            )
+
+        reference = shared.reference
+        if reference is not None:
+            reference = ReferencePosterior(
+                take(reference.params), reference.kernel,
+                self.inducing.restrict_state(reference.inducing_state, support),
+            )
+        restricted = dataclasses.replace(
+            shared,
+            params=take(shared.params),
+            inducing_state=self.inducing.restrict_state(
+                shared.inducing_state, support
+            ),
+            reference=reference,
+        )
+        return restricted, support
 
     def release(self):
         """Drop the chunks this process cached for the fit (call when done).
@@ -334,13 +383,16 @@ class SparseELBO:
         """
         shared = self._shared_state(vector, iteration_key)
         chunk = self.chunks[chunk_index]
-        res = chunk_terms(chunk, shared, local=True)
+        res = chunk_terms(chunk, self._restricted(shared, chunk)[0], local=True)
+        support = self.inducing.support(chunk.layout)
         theta = None
         if shared.need_kernel_gradient:
             theta = res["theta"]
             if res["inducing_state"] is not None:
+                d_state = np.zeros_like(shared.inducing_state)
+                _add_at(d_state, support, res["inducing_state"], axis=0)
                 theta = theta + self.inducing.finish_gradient(
-                    shared.kernel, shared.inducing_state, res["inducing_state"]
+                    shared.kernel, shared.inducing_state, d_state
                 )
             theta = scale * theta
         gradient = LocalGradient(
@@ -352,9 +404,12 @@ class SparseELBO:
             pairwise_std=scale * res["pairwise_std"],
             theta=theta,
         )
+        grad_mu, grad_sqrt = self._full_gradients(
+            shared.params, support, scale * res["q_mu"], scale * res["q_sqrt"]
+        )
         grads = VariationalParameters(
-            scale * res["q_mu"], scale * res["q_sqrt"], gradient.weights,
-            gradient.pairwise_mean, gradient.pairwise_std,
+            grad_mu, grad_sqrt, gradient.weights, gradient.pairwise_mean,
+            gradient.pairwise_std,
         )
         packed = self.layout.pack_gradient(shared.params, grads, theta, 0.0)
         return scale * res["ell"], gradient, packed
@@ -380,14 +435,26 @@ class SparseELBO:
         if shared is None:
             shared = self._shared_state(vector)
         chunk = self.chunks[gradient.chunk_index]
-        grad_mu, grad_sqrt = expand_local(
-            chunk, shared, gradient.unary, gradient.iteration_key
+        restricted, support = self._restricted(shared, chunk)
+        grad_mu, grad_sqrt = self._full_gradients(
+            shared.params, support,
+            *expand_local(chunk, restricted, gradient.unary, gradient.iteration_key),
         )
         grads = VariationalParameters(
             grad_mu, grad_sqrt, gradient.weights, gradient.pairwise_mean,
             gradient.pairwise_std,
         )
         return self.layout.pack_gradient(shared.params, grads, gradient.theta, 0.0)
+
+    @staticmethod
+    def _full_gradients(params, support, grad_mu, grad_sqrt):
+        """q_mu and q_sqrt gradients of a chunk, scattered to full size."""
+        if support is None:
+            return grad_mu, grad_sqrt
+        full_mu, full_sqrt = np.zeros_like(params.q_mu), np.zeros_like(params.q_sqrt)
+        full_mu[:, :, support] = grad_mu
+        full_sqrt[:, :, support] = grad_sqrt
+        return full_mu, full_sqrt
 
     def kl_terms(self, vector):
         """The two KL terms and the packed gradient of ``-(KL_u + KL_bin)``.

@@ -131,9 +131,19 @@ class InducingPoints:
     def n_inducing(self):
         return self.Z.shape[0]
 
-    def chunk_layout(self, X, offsets):
+    def chunk_layout(self, X, offsets, compact=False):
         """Nothing to precompute for inducing points."""
         return None
+
+    @staticmethod
+    def support(layout):
+        """Every token depends on every inducing point: no restriction."""
+        return None
+
+    @staticmethod
+    def restrict_state(L_zz, support):
+        """The state is used whole (there is never a support)."""
+        return L_zz
 
     def prepare(self, kernel):
         """Per-evaluation state shared by all chunks: the factor L_zz."""
@@ -204,10 +214,26 @@ class InducingFeatures:
             kernel, "feature_scales_vjp"
         )
 
-    def chunk_layout(self, X, offsets):
+    def chunk_layout(self, X, offsets, compact=False):
         """Per sequence: its active features and X with local column indices.
 
         Computed once per fit, so that :meth:`project` only rescales.
+
+        Parameters
+        ----------
+        X : ndarray or CSR matrix of shape (n_tokens, n_features)
+        offsets : ndarray of int64
+        compact : bool, default=False
+            Number the active features within the chunk's *support* (the
+            features active anywhere in the chunk, plus the bias): the chunk
+            is then evaluated with the parameters and feature scales of its
+            support only (see :meth:`support`), so that its work and its
+            gradients scale with its own features, not with all of them.
+
+        Returns
+        -------
+        layout : tuple
+            ``(rows, blocks)``, or ``(rows, blocks, support)`` when compact.
         """
         rows, local = [], []
         bias_row = np.array([self.n_features], dtype=np.int64)
@@ -221,7 +247,23 @@ class InducingFeatures:
                 block = X_n[:, active].T
             rows.append(np.concatenate([active, bias_row]))
             local.append(sp.csr_matrix(block))
-        return rows, local
+        if not compact:
+            return rows, local
+        support = np.unique(np.concatenate(rows)) if rows else bias_row
+        rows = [np.searchsorted(support, r) for r in rows]
+        return rows, local, support
+
+    @staticmethod
+    def support(layout):
+        """The inducing variables a compact layout is numbered within, or None."""
+        if layout is None or len(layout) == 2:
+            return None
+        return layout[2]
+
+    @staticmethod
+    def restrict_state(scales, support):
+        """The feature scales of a compact layout's support."""
+        return scales[support]
 
     def prepare(self, kernel):
         """Per-evaluation state: the feature scales of the kernel."""
@@ -234,7 +276,9 @@ class InducingFeatures:
 
     def project(self, kernel, scales, X, offsets, layout=None):
         """Projection of the tokens X (sequences delimited by offsets)."""
-        rows, local = layout if layout is not None else self.chunk_layout(X, offsets)
+        if layout is None:
+            layout = self.chunk_layout(X, offsets)
+        rows, local = layout[0], layout[1]
         pieces, unscaled = [], []
         for rows_n, block in zip(rows, local, strict=True):
             U_n = np.empty((block.shape[0] + 1, block.shape[1]))
@@ -247,7 +291,7 @@ class InducingFeatures:
     def backward(self, kernel, scales, X, projection, d_B, d_residual):
         """Gradient w.r.t. the feature scales (returned as the state gradient)."""
         # B_n = scales[rows_n] * U_n  =>  d scale_d = sum_t dB_n[d, t] U_n[d, t]
-        d_scales = np.zeros(self.n_features + 1)
+        d_scales = np.zeros_like(scales)
         for rows_n, g, u in zip(projection.rows, d_B, projection.cache, strict=True):
             d_scales[rows_n] += np.einsum("rt,rt->r", g, u)
         return d_scales, np.zeros(kernel.n_dims)
