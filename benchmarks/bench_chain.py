@@ -8,7 +8,9 @@ log-space fallback (pairwise range > 300).
 
 Run from the repository root::
 
-    python benchmarks/bench_chain.py [--quick]
+    python benchmarks/bench_chain.py [--quick] [--out FILE]
+
+``--out`` also writes the rows as JSON (``_common.write_json``).
 """
 
 import argparse
@@ -23,6 +25,8 @@ from skgpstruct import chain
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 import _chain_reference as ref  # noqa: E402
 
+COLUMNS = ("V", "T", "S", "tokens", "fb", "fb_numpy", "fb_ratio", "viterbi",
+           "viterbi_numpy", "viterbi_ratio")
 LABELS = (3, 17, 45)
 LENGTHS = (1, 10, 100, 1000)
 SAMPLES = (1, 32)
@@ -119,11 +123,31 @@ def _print_table(rows):
         )
 
 
+def markdown(rows):
+    """A Markdown table of rows as stored in the JSON (dicts keyed COLUMNS)."""
+    from _common import markdown_table
+
+    def rate(x):
+        return "n/a" if x is None else f"{x:.2e}"
+
+    def ratio(x):
+        return "n/a" if x is None else f"{x:.0f}x"
+
+    return markdown_table(
+        ["V", "T", "S", "tokens", "FB cells/s", "NumPy", "ratio",
+         "Viterbi cells/s", "NumPy", "ratio"],
+        [[r["V"], r["T"], r["S"], r["tokens"], rate(r["fb"]), rate(r["fb_numpy"]),
+          ratio(r["fb_ratio"]), rate(r["viterbi"]), rate(r["viterbi_numpy"]),
+          ratio(r["viterbi_ratio"])] for r in rows],
+    )
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument(
         "--quick", action="store_true", help="short timings (a smoke run)"
     )
+    parser.add_argument("--out", metavar="FILE", help="also write the rows as JSON")
     args = parser.parse_args(argv)
     args.time = 0.03 if args.quick else 0.2
     args.reference_time = 0.03 if args.quick else 0.25
@@ -140,7 +164,8 @@ def main(argv=None):
     _print_table(rows)
     print()
     print("Log-space fallback (pairwise ~ N(0, 1000^2), range > 300):")
-    _print_table([_row(rng, 1, v, 1000, 1000.0, args) for v in LABELS])
+    fallback = [_row(rng, 1, v, 1000, 1000.0, args) for v in LABELS]
+    _print_table(fallback)
     print()
     print(
         "cells = samples x tokens x V^2 per call, per second, one thread. The "
@@ -149,7 +174,18 @@ def main(argv=None):
         "measured on that subset. Viterbi has no samples axis (n/a for S=32)."
     )
     print(f"total time {time.perf_counter() - start:.0f} s")
+    if args.out:
+        from _common import command_line, environment, write_json
+
+        write_json(args.out, {
+            "command": command_line(),
+            "environment": environment(),
+            "quick": args.quick,
+            "reference_seconds": args.reference_time,
+            "scaled": [dict(zip(COLUMNS, r, strict=True)) for r in rows],
+            "fallback": [dict(zip(COLUMNS, r, strict=True)) for r in fallback],
+        })
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -15,9 +15,15 @@ template features (variance 1, no bias) and pairwise prior variance 0.01.
 GPstruct ran 250,000 iterations; ``--n-iter`` sets a budget that fits in
 minutes.
 
+On the same fold and features, the peers of ``bench_table1.py`` run in the
+same process (``--no-peers`` skips them): sklearn-crfsuite with c2 chosen by
+3-fold inner CV, and the per-token LogisticRegression.
+
 Printed: token error % per fold and mean (std over folds, ddof=1) beside the
-paper's GP-ESS row, the fit time (Gram matrix, Cholesky factor and
-sampling) and prediction time, and the error as a function of the number of
+peers and the paper's GP-ESS row, the fit time (Gram matrix, Cholesky factor
+and sampling), prediction time and ESS fit / (CRF selection + refit), the
+calibration of the averaged marginals (NLL of the true label, top-label
+ECE) beside the peers', and the error as a function of the number of
 iterations: at checkpoints ``c`` the marginals averaged over the kept
 samples of iterations ``(burn_in_fraction * c, c]`` (the final checkpoint is
 the reported error), and the error of the single sample at ``c``.
@@ -27,6 +33,10 @@ Examples
 One fold of basenp (about two minutes on a busy two-core machine)::
 
     python benchmarks/bench_ess.py --datasets basenp --folds 0
+
+Smoke test (first fold of every data set, 1,000 iterations)::
+
+    python benchmarks/bench_ess.py --quick
 
 Section 1, all four data sets::
 
@@ -40,15 +50,21 @@ import numpy as np
 from _common import (
     DATASETS,
     DEFAULT_DATA_DIR,
+    MEASURED_TABLE1,
+    PAPER_TABLE1,
     Stopwatch,
+    calibration,
+    calibration_text,
     check_data_dir,
     command_line,
+    crfsuite_available,
     environment,
     fold_split,
     format_mean_std,
     load_pool,
     markdown_table,
     read_folds,
+    run_peers,
     take,
     template_features,
     token_error,
@@ -59,20 +75,9 @@ from skgpstruct._sequences import stack_sequences
 from skgpstruct.inference.ess import sample_posterior
 from skgpstruct.kernels import LinearKernel
 
-#: The paper's GP-ESS column of Table 1 (quoted, not measured here).
-QUOTED_PAPER_GP_ESS = {
-    "basenp": "4.81 (0.47)",
-    "chunking": "8.77 (1.08)",
-    "seg": "14.88 (1.80)",
-    "JapaneseNE": "5.83 (0.83)",
-}
-#: BENCHMARK.md's CRF row measured with today's libraries (quoted).
-QUOTED_MEASURED_CRF = {
-    "basenp": "4.18 (0.40)",
-    "chunking": "8.26 (1.17)",
-    "seg": "12.80 (2.85)",
-    "JapaneseNE": "5.61 (0.81)",
-}
+#: Default ESS iterations per fold, and those of ``--quick``.
+DEFAULT_N_ITER = 10000
+QUICK_N_ITER = 1000
 #: Fractions of ``--n-iter`` at which the error-vs-iterations curve is read.
 CHECKPOINTS = (1 / 64, 1 / 32, 1 / 16, 1 / 8, 1 / 4, 1 / 2, 3 / 4, 1)
 
@@ -94,9 +99,18 @@ def build_parser():
     )
     parser.add_argument("--out", metavar="FILE", help="also write the results as JSON")
     parser.add_argument(
-        "--n-iter", type=int, default=10000, metavar="N",
-        help="ESS iterations per fold (default: 10000, one to two minutes on "
-        "basenp; GPstruct ran 250,000)",
+        "--quick", action="store_true",
+        help=f"smoke test: the first requested fold only, and {QUICK_N_ITER} "
+        "iterations unless --n-iter is given",
+    )
+    parser.add_argument(
+        "--no-peers", action="store_true",
+        help="skip the CRF and LR peers (run by default on the same folds)",
+    )
+    parser.add_argument(
+        "--n-iter", type=int, default=None, metavar="N",
+        help=f"ESS iterations per fold (default: {DEFAULT_N_ITER}, one to two "
+        "minutes on basenp; GPstruct ran 250,000)",
     )
     parser.add_argument(
         "--burn-in", type=float, default=0.25, metavar="FRACTION",
@@ -122,7 +136,7 @@ def build_parser():
     return parser
 
 
-def run_fold(dataset, pool, folds, k, args):
+def run_fold(dataset, pool, folds, k, args, with_crf):
     tokens, labels, template = pool
     train, test = fold_split(folds, k, dataset.n_train)
     y_train, y_test = take(labels, train), take(labels, test)
@@ -164,6 +178,10 @@ def run_fold(dataset, pool, folds, k, args):
         pieces = np.split(pred, offsets_te[1:-1])
         return token_error(y_test, pieces)
 
+    # The reported prediction: marginals averaged over the kept samples
+    # after the burn-in.
+    final = marginals[iterations > args.burn_in * args.n_iter].mean(axis=0)
+
     curve = []
     for fraction in CHECKPOINTS:
         c = int(round(fraction * args.n_iter))
@@ -187,6 +205,9 @@ def run_fold(dataset, pool, folds, k, args):
         "error": curve[-1]["error_average"],
         "fit_time": fit.seconds,
         "predict_time": predict.seconds,
+        "calibration": calibration(
+            y_test, np.split(final, offsets_te[1:-1]), list(classes)
+        ),
         "jitter": posterior.jitter,
         "evaluations_per_iteration": float(posterior.n_evaluations.mean()),
         "curve": curve,
@@ -195,19 +216,51 @@ def run_fold(dataset, pool, folds, k, args):
         f"  ESS  error {result['error']:6.2f} %   fit {fit.seconds:7.2f} s   "
         f"predict {predict.seconds:6.2f} s   "
         f"({result['evaluations_per_iteration']:.2f} likelihood evaluations "
-        f"per iteration, jitter {posterior.jitter:.3g})",
+        f"per iteration, jitter {posterior.jitter:.3g})   "
+        f"{calibration_text(result)}",
         flush=True,
     )
+    if not args.no_peers:
+        result.update(run_peers(X_train, y_train, X_test, y_test, names,
+                                with_crf, gp_fit_time=fit.seconds))
     return result
+
+
+def _peer_cells(folds, key, field="error", digits=2, unit=""):
+    values = [r[key][field] for r in folds if key in r]
+    return format_mean_std(values, digits=digits, unit=unit) if values else "-"
+
+
+def calibration_rows(results):
+    """Per data set: mean (std) NLL and ECE of ESS and of the peers."""
+    rows = []
+    for name, folds in results.items():
+        for label, cals in (
+            ("GP-ESS", [r["calibration"] for r in folds]),
+            ("CRF", [r["crf"]["calibration"] for r in folds if "crf" in r]),
+            ("LR", [r["logreg"]["calibration"] for r in folds if "logreg" in r]),
+        ):
+            if cals:
+                rows.append([
+                    name, label,
+                    format_mean_std([c["nll"] for c in cals], digits=3),
+                    format_mean_std([c["ece"] for c in cals], digits=4),
+                ])
+    return rows
 
 
 def main(argv=None):
     args = build_parser().parse_args(argv)
     if not 0.0 <= args.burn_in < 1.0:
         sys.exit(f"--burn-in must be a fraction in [0, 1), got {args.burn_in}")
+    if args.n_iter is None:
+        args.n_iter = QUICK_N_ITER if args.quick else DEFAULT_N_ITER
+    if args.quick:
+        args.folds = args.folds[:1]
     if args.n_iter < 1 or args.n_kept < 1:
         sys.exit("--n-iter and --n-kept must be positive")
     data_dir = check_data_dir(args.data)
+    with_crf = not args.no_peers and crfsuite_available()
     env = environment()
     print(f"command: {command_line()}")
     print("environment: " + ", ".join(f"{k} {v}" for k, v in env.items()))
@@ -217,6 +270,11 @@ def main(argv=None):
         f"{args.kernel_variance:g}, pairwise prior variance "
         f"{args.pairwise_prior_variance:g} (fixed); seed {args.random_state}"
     )
+    if args.no_peers:
+        print("peers: skipped (--no-peers)")
+    elif not with_crf:
+        print("sklearn_crfsuite is not installed: the CRF peer is skipped "
+              "(pip install \".[bench]\")")
     print()
 
     results = {}
@@ -224,29 +282,47 @@ def main(argv=None):
         dataset = DATASETS[name]
         pool = load_pool(data_dir, dataset)
         folds = read_folds(data_dir, dataset)
-        results[name] = [run_fold(dataset, pool, folds, k, args) for k in args.folds]
+        results[name] = [
+            run_fold(dataset, pool, folds, k, args, with_crf) for k in args.folds
+        ]
         print()
+
+    def cells(folds):
+        return [
+            format_mean_std([r["error"] for r in folds]),
+            _peer_cells(folds, "crf"),
+            _peer_cells(folds, "logreg"),
+            format_mean_std([r["fit_time"] for r in folds], digits=1, unit=" s"),
+            format_mean_std([r["predict_time"] for r in folds], digits=1, unit=" s"),
+            _peer_cells(folds, "crf", "total_time", unit=" s"),
+            format_mean_std([r.get("gp_over_crf_time", float("nan"))
+                             for r in folds], digits=1, unit="x")
+            if any("crf" in r for r in folds) else "-",
+        ]
 
     rows = []
     for name, folds in results.items():
         for r in folds:
-            rows.append([
-                name, str(r["fold"]), f"{r['error']:.2f}", f"{r['fit_time']:.1f} s",
-                f"{r['predict_time']:.1f} s", "", "",
-            ])
+            rows.append([name, str(r["fold"]), *cells([r]), "", ""])
         rows.append([
-            f"**{name}**", f"mean ({len(folds)})",
-            format_mean_std([r["error"] for r in folds]),
-            format_mean_std([r["fit_time"] for r in folds], digits=1, unit=" s"),
-            format_mean_std([r["predict_time"] for r in folds], digits=1, unit=" s"),
-            QUOTED_PAPER_GP_ESS[name], QUOTED_MEASURED_CRF[name],
+            f"**{name}**", f"mean ({len(folds)})", *cells(folds),
+            PAPER_TABLE1[name]["GP-ESS"], MEASURED_TABLE1[name]["CRF"],
         ])
     print("## GP-ESS, measured (mean (std over folds, ddof=1))")
     print()
     print(markdown_table(
-        ["data set", "fold", "error %", "fit", "predict",
+        ["data set", "fold", "ESS error %", "CRF error %", "LR error %", "ESS fit",
+         "ESS predict", "CRF selection + refit", "ESS fit / CRF time",
          "paper GP-ESS (quoted)", "CRF (BENCHMARK.md, quoted)"],
         rows,
+    ))
+    print()
+    print("## Calibration of the per-token marginals (mean (std over folds))")
+    print()
+    print(markdown_table(
+        ["data set", "model", "NLL of the true label (nats/token)",
+         "ECE (top label)"],
+        calibration_rows(results),
     ))
     print()
     print("## Error % against iterations (running average; single sample)")
@@ -275,7 +351,7 @@ def main(argv=None):
         write_json(
             args.out,
             {"command": command_line(), "environment": env,
-             "options": vars(args), "results": results},
+             "options": vars(args), "quick": args.quick, "results": results},
         )
     return 0
 

@@ -49,6 +49,7 @@ from _common import (
     CRF_C2_GRID,
     DEFAULT_DATA_DIR,
     INNER_FOLDS,
+    QUOTED_SECTION2,
     DataSet,
     Stopwatch,
     _fit_crf,
@@ -80,15 +81,6 @@ DEFAULT_RANDOM_STATE = 0
 QUICK_N_TRAIN = 100
 QUICK_MAX_ITER = 20
 QUICK_EPOCHS = (1, 2)
-
-# Quoted from BENCHMARK.md section 2 (not measured by this script).
-QUOTED = [
-    ["paper CRF, regularisation 0.1", "5.13"],
-    ["paper CRF, regularisation 1.0", "4.50"],
-    ["paper GP-VAR-S (most of the gain in the first 120 min)", "5.14"],
-    ["measured sklearn-crfsuite, c2 = 0.1 (about 1 s per fit)", "3.82 (0.24)"],
-    ["measured sklearn-crfsuite, c2 = 1 (about 1 s per fit)", "3.88 (0.14)"],
-]
 
 # GP options exposed on the command line (flag --n-inducing -> n_inducing),
 # shared by the batch and the stochastic fits. max_iter is per optimiser.
@@ -454,7 +446,7 @@ def main(argv=None):
     print()
     print("## Quoted from BENCHMARK.md section 2 (not measured in this run)")
     print()
-    print(markdown_table(["result", "error %"], QUOTED))
+    print(markdown_table(["result", "error %"], QUOTED_SECTION2))
     print()
     print(f"command: {command_line()}")
 

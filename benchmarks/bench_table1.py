@@ -30,14 +30,16 @@ The full table::
 import argparse
 import sys
 
-import numpy as np
 from _common import (
     CRF_C2_GRID,
     DATASETS,
     DEFAULT_DATA_DIR,
     INNER_FOLDS,
     LR_C_GRID,
-    Stopwatch,
+    MEASURED_TABLE1,
+    PAPER_TABLE1,
+    PROBE_BASENP,
+    calibration_text,
     check_data_dir,
     command_line,
     crfsuite_available,
@@ -47,12 +49,11 @@ from _common import (
     format_mean_std,
     load_pool,
     markdown_table,
+    paper_gp_row,
     read_folds,
-    run_crfsuite,
-    run_logreg,
+    run_peers,
     take,
     template_features,
-    to_crfsuite,
     write_json,
 )
 
@@ -60,30 +61,6 @@ from skgpstruct import GPStructClassifier
 
 #: ``max_iter`` of ``--quick`` when ``--max-iter`` is not given.
 QUICK_MAX_ITER = 20
-
-# Quoted from BENCHMARK.md (not measured by this script): the paper's
-# GP-VAR-B column of Table 1, and the same protocol run with today's
-# libraries on this kind of machine (sklearn-crfsuite with c2 chosen by
-# 3-fold inner CV over {1e-4, ..., 10}; per-token LogisticRegression).
-QUOTED_PAPER_GP_VAR_B = {
-    "basenp": "5.17 (0.41)",
-    "chunking": "8.76 (1.09)",
-    "seg": "15.61 (1.90)",
-    "JapaneseNE": "5.23 (0.68)",
-}
-QUOTED_MEASURED_CRF = {
-    "basenp": ("4.18 (0.40)", "0.28 s + 3.4 s"),
-    "chunking": ("8.26 (1.17)", "0.22 s + 2.2 s"),
-    "seg": ("12.80 (2.85)", "0.02 s + 0.2 s"),
-    "JapaneseNE": ("5.61 (0.81)", "0.34 s + 3.5 s"),
-}
-QUOTED_MEASURED_LR = {
-    "basenp": "4.56 (0.38)",
-    "chunking": "8.13 (1.05)",
-    "seg": "12.87 (2.61)",
-    "JapaneseNE": "5.07 (0.52)",
-}
-QUOTED_PROBE_BASENP = "4.47 (0.44) at about 10 s per fold"
 
 # GP options exposed on the command line (flag --n-inducing -> n_inducing).
 GP_OPTIONS = (
@@ -196,34 +173,11 @@ def run_fold(dataset, pool, folds, k, params, args, with_crf):
         note = "" if gp["converged"] else ", not converged"
         print(
             f"  GP   error {gp['error']:6.2f} %   fit {gp['fit_time']:8.2f} s "
-            f"({gp['n_iter']} iterations{note})   {_calibration_text(gp)}",
+            f"({gp['n_iter']} iterations{note})   {calibration_text(gp)}",
             flush=True,
         )
-    if with_crf:
-        with Stopwatch() as convert:
-            C_train, C_test = to_crfsuite(X_train, names), to_crfsuite(X_test, names)
-        crf = run_crfsuite(C_train, y_train, C_test, y_test)
-        crf["convert_time"] = convert.seconds
-        crf["total_time"] = crf["select_time"] + crf["refit_time"]
-        result["crf"] = crf
-        result["gp_over_crf_time"] = gp["fit_time"] / crf["total_time"]
-        ratio = result["gp_over_crf_time"]
-        print(
-            f"  CRF  error {crf['error']:6.2f} %   selection "
-            f"{crf['select_time']:6.2f} s + refit {crf['refit_time']:6.2f} s "
-            f"(c2={crf['c2']:g})   GP / CRF time "
-            + (f"{ratio:.1f}x" if np.isfinite(ratio) else "-")
-            + f"   {_calibration_text(crf)}",
-            flush=True,
-        )
-    lr = run_logreg(X_train, y_train, X_test, y_test)
-    result["logreg"] = lr
-    print(
-        f"  LR   error {lr['error']:6.2f} %   selection "
-        f"{lr['select_time']:6.2f} s + refit {lr['refit_time']:6.2f} s "
-        f"(C={lr['C']:g})   {_calibration_text(lr)}",
-        flush=True,
-    )
+    result.update(run_peers(X_train, y_train, X_test, y_test, names, with_crf,
+                            gp_fit_time=gp["fit_time"]))
     return result
 
 
@@ -241,13 +195,6 @@ def calibration_rows(results):
                     format_mean_std([c["ece"] for c in cals], digits=4),
                 ])
     return rows
-
-
-def _calibration_text(model_result):
-    cal = model_result.get("calibration")
-    if cal is None:
-        return ""
-    return f"NLL {cal['nll']:.3f}  ECE {cal['ece']:.4f}"
 
 
 def _cells(folds, with_crf):
@@ -346,20 +293,24 @@ def main(argv=None):
     print()
     print("## Quoted from BENCHMARK.md (not measured in this run)")
     print()
+    # The paper's row of the GP configured here (pseudo-likelihood in batch
+    # mode has none: the paper's GP-VAR-B column is shown instead).
+    row = paper_gp_row(params.get("optimizer"), params.get("likelihood"))
+    paper_label = row or "GP-VAR-B (no paper row for this configuration)"
     quoted = [
-        [name, QUOTED_PAPER_GP_VAR_B[name], QUOTED_MEASURED_CRF[name][0],
-         QUOTED_MEASURED_LR[name], QUOTED_MEASURED_CRF[name][1]]
+        [name, PAPER_TABLE1[name][row or "GP-VAR-B"], MEASURED_TABLE1[name]["CRF"],
+         MEASURED_TABLE1[name]["LR"], MEASURED_TABLE1[name]["CRF time"]]
         for name in args.datasets
     ]
     print(markdown_table(
-        ["data set", "paper GP-VAR-B error %", "measured CRF error %",
+        ["data set", f"paper {paper_label} error %", "measured CRF error %",
          "measured per-token LR error %", "CRF fit + selection per fold"],
         quoted,
     ))
     if "basenp" in args.datasets:
         print()
         print(f"Floor (BENCHMARK.md, NumPy weight-space probe, basenp): "
-              f"{QUOTED_PROBE_BASENP}.")
+              f"{PROBE_BASENP}.")
     print()
     print(f"command: {command_line()}")
 

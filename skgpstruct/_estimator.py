@@ -166,8 +166,10 @@ class GPStructClassifier(BaseEstimator):
     validation_fraction : float, default=0.1
         Fraction of the training sequences held out when
         ``early_stopping=True`` (at least one sequence).
-    tol : float, default=1e-6
-        Relative change of the ELBO under which the optimisation stops.
+    tol : float, default=1e-5
+        Relative change of the ELBO under which the optimisation stops. On
+        dev splits outside the benchmark folds (basenp, chunking,
+        JapaneseNE) 1e-5 gave the error of 1e-6 in about half the time.
     decode : {"viterbi", "marginal"}, default="viterbi"
         ``predict`` runs Viterbi on the posterior mean potentials, or takes
         the per-token argmax of :meth:`predict_marginals`.
@@ -307,7 +309,7 @@ GroupedLinearKernel`: automatic relevance determination per group).
         n_iter_no_change=5,
         early_stopping=False,
         validation_fraction=0.1,
-        tol=1e-6,
+        tol=1e-5,
         decode="viterbi",
         learn_hyperparameters=True,
         pairwise_prior_variance=1.0,

@@ -1,0 +1,573 @@
+"""Run the whole benchmark suite and print one combined Markdown report.
+
+Every benchmark behind the project's claims (``../shared/BENCHMARK.md``)
+runs as a subprocess of the same Python interpreter, writes its JSON (and
+its printed output, ``<step>.log``) into the output folder, and the report
+is then built from those JSON files alone:
+
+- ``table1-batch``, ``table1-stochastic``, ``table1-pseudo``,
+  ``table1-pseudo-batch``: ``bench_table1.py`` in each inference mode
+  (batch L-BFGS; SAGA; SAGA on the piecewise pseudo-likelihood; L-BFGS on
+  the pseudo-likelihood), ``ess``: ``bench_ess.py``. Section 1 (Table 1):
+  error beside the CRF and LR of the same runs and the paper's rows,
+  calibration, fit time and GP / CRF time.
+- ``section2``: ``bench_section2.py``, BENCHMARK.md section 2.
+- ``scale``: ``bench_scale.py``; ``chain``: ``bench_chain.py``;
+  ``dask``: ``bench_dask.py``.
+
+Each step's command line is printed before it runs. A step that fails
+(non-zero exit status) is reported, the others still run, and the suite's
+exit status is then 1. The report goes to stdout and ``<out>/report.md``;
+``<out>/suite.json`` records every step's command, exit status and wall
+time.
+
+Examples
+--------
+The whole suite (a long run: see benchmarks/README.md)::
+
+    OPENBLAS_NUM_THREADS=1 python benchmarks/run_suite.py
+
+Smoke run of every step (a few minutes)::
+
+    OPENBLAS_NUM_THREADS=1 python benchmarks/run_suite.py --quick
+
+Two steps again, then the report from every JSON in the folder::
+
+    python benchmarks/run_suite.py --only table1-batch ess
+    python benchmarks/run_suite.py --report-only
+"""
+
+import argparse
+import datetime
+import os
+import shlex
+import subprocess
+import sys
+import time
+import traceback
+from dataclasses import dataclass
+from pathlib import Path
+
+from _common import (
+    DATASETS,
+    MEASURED_TABLE1,
+    PAPER_TABLE1,
+    PROBE_BASENP,
+    QUOTED_SECTION2,
+    format_mean_std,
+    markdown_table,
+    paper_gp_row,
+    read_json,
+    write_json,
+)
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parent
+DEFAULT_OUT = HERE / "results" / "suite"
+#: Lines of a failed step's log shown in the report.
+LOG_TAIL = 8
+SEED = ("--random-state", "0")
+STOCHASTIC = ("--optimizer", "stochastic", "--batch-size", "2", "--max-iter", "60",
+              "--tol", "1e-3")
+
+
+@dataclass(frozen=True)
+class Step:
+    """One benchmark run: ``script args [--quick] --out <out>/<name>.json``."""
+
+    name: str
+    script: str
+    args: tuple
+    title: str
+    takes_data: bool = False
+
+
+STEPS = (
+    Step("table1-batch", "bench_table1.py", SEED,
+         "batch (L-BFGS), exact chain likelihood", True),
+    Step("table1-stochastic", "bench_table1.py", STOCHASTIC + SEED,
+         "stochastic (SAGA), exact chain likelihood", True),
+    Step("table1-pseudo", "bench_table1.py",
+         STOCHASTIC + ("--likelihood", "pseudo") + SEED,
+         "stochastic (SAGA), pseudo-likelihood", True),
+    Step("table1-pseudo-batch", "bench_table1.py",
+         ("--likelihood", "pseudo") + SEED,
+         "batch (L-BFGS), pseudo-likelihood", True),
+    Step("ess", "bench_ess.py", SEED, "elliptical slice sampling (GPstruct)", True),
+    Step("section2", "bench_section2.py", SEED,
+         "basenp, 500 training sequences (BENCHMARK.md section 2)", True),
+    Step("scale", "bench_scale.py", (), "scaling in tokens and n_jobs"),
+    Step("chain", "bench_chain.py", (), "chain kernel throughput"),
+    Step("dask", "bench_dask.py", (), "dask beside loky"),
+)
+STEP_NAMES = tuple(s.name for s in STEPS)
+#: The steps of section 1 (Table 1), one per inference mode.
+TABLE1_STEPS = tuple(
+    s for s in STEPS if s.name.startswith("table1-") or s.name == "ess"
+)
+
+
+# ---------------------------------------------------------------------- #
+# running
+def step_command(step, out_dir, quick, data):
+    json_path = out_dir / f"{step.name}.json"
+    cmd = [sys.executable, _shown(HERE / step.script), *step.args]
+    if data is not None and step.takes_data:
+        cmd += ["--data", data]
+    if quick:
+        cmd.append("--quick")
+    return cmd + ["--out", _shown(json_path)]
+
+
+def _shown(path):
+    """A path relative to the repository root (the steps' cwd) if inside it."""
+    path = Path(path).resolve()
+    try:
+        return str(path.relative_to(REPO))
+    except ValueError:
+        return str(path)
+
+
+def run_step(step, out_dir, quick, data, quiet):
+    """Run one step; its output is echoed (unless quiet) and kept in a log."""
+    cmd = step_command(step, out_dir, quick, data)
+    json_path = out_dir / f"{step.name}.json"
+    log_path = out_dir / f"{step.name}.log"
+    if json_path.exists():  # never report a previous run's results as this one's
+        json_path.unlink()
+    env = dict(os.environ)
+    for name in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS"):
+        env.setdefault(name, "1")
+    print(f"\n=== {step.name}: {step.title}", flush=True)
+    print(f"$ {shlex.join(cmd)}", flush=True)
+    started = datetime.datetime.now().isoformat(timespec="seconds")
+    start = time.perf_counter()
+    with open(log_path, "w", encoding="utf-8") as log:
+        log.write(f"$ {shlex.join(cmd)}\n")
+        try:
+            proc = subprocess.Popen(
+                cmd, cwd=REPO, env=env, stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT, text=True, errors="replace",
+            )
+        except OSError as exc:
+            log.write(f"could not start: {exc}\n")
+            returncode = 127
+        else:
+            with proc:
+                for line in proc.stdout:
+                    log.write(line)
+                    if not quiet:
+                        sys.stdout.write(line)
+                        sys.stdout.flush()
+            returncode = proc.returncode
+    seconds = time.perf_counter() - start
+    status = "ok" if returncode == 0 else f"FAILED (exit status {returncode})"
+    print(f"=== {step.name}: {status} in {seconds:.0f} s; log {_shown(log_path)}",
+          flush=True)
+    return {
+        "command": shlex.join(cmd),
+        "returncode": returncode,
+        "seconds": seconds,
+        "started": started,
+        "quick": quick,
+        "log": _shown(log_path),
+        "json": _shown(json_path),
+    }
+
+
+# ---------------------------------------------------------------------- #
+# report: helpers
+def _folds_label(folds):
+    return ", ".join(str(f["fold"]) for f in folds)
+
+
+def _gp(fold):
+    """The GP's numbers of a fold: bench_table1 nests them, bench_ess does not."""
+    return fold.get("gp", fold)
+
+
+def _values(folds, *keys):
+    out = []
+    for fold in folds:
+        value = fold
+        for key in keys:
+            value = value.get(key) if isinstance(value, dict) else None
+        if value is not None:
+            out.append(value)
+    return out
+
+
+def _ms(values, digits=2, unit=""):
+    return format_mean_std(values, digits=digits, unit=unit) if values else "-"
+
+
+def _paper_row(step, payload):
+    if step.name == "ess":
+        return paper_gp_row(inference="ess")
+    options = payload.get("gp_options", {})
+    return paper_gp_row(options.get("optimizer"), options.get("likelihood"))
+
+
+def _section(title, body):
+    return f"## {title}\n\n{body.strip()}\n"
+
+
+def _missing(step, suite):
+    record = suite.get("steps", {}).get(step.name)
+    if record is None:
+        return f"`{step.name}`: not run (no {step.name}.json in the folder)."
+    if record["returncode"] != 0:
+        text = (f"`{step.name}`: FAILED (exit status {record['returncode']}); "
+                f"see `{record['log']}`.")
+        try:
+            tail = (REPO / record["log"]).read_text(encoding="utf-8").splitlines()
+        except OSError:
+            return text
+        return text + "\n\n```\n" + "\n".join(tail[-LOG_TAIL:]) + "\n```"
+    return f"`{step.name}`: ran, but its JSON is missing or unreadable."
+
+
+# ---------------------------------------------------------------------- #
+# report: the sections
+def steps_section(suite, results):
+    rows = []
+    for step in STEPS:
+        record = suite.get("steps", {}).get(step.name)
+        payload = results.get(step.name)
+        if record is None and payload is None:
+            continue
+        if record is None:
+            rows.append([step.name, f"`{payload.get('command', '?')}`", "?", "?",
+                         "yes" if payload.get("quick") else "no"])
+            continue
+        status = "0" if record["returncode"] == 0 else (
+            f"**{record['returncode']} (FAILED)**")
+        rows.append([step.name, f"`{record['command']}`", status,
+                     f"{record['seconds']:.0f} s",
+                     "yes" if record.get("quick") else "no"])
+    if not rows:
+        return _section("Steps", "No step has run in this folder yet.")
+    table = markdown_table(
+        ["step", "command", "exit status", "wall time", "quick"], rows)
+    records = suite.get("steps", {}).values()
+    if records:
+        total = sum(r["seconds"] for r in records)
+        table += f"\n\nTotal wall time of the recorded steps: {total:.0f} s."
+    return _section("Steps", table)
+
+
+def table1_section(suite, results):
+    runs = [(s, results[s.name]) for s in TABLE1_STEPS if s.name in results]
+    notes = [_missing(s, suite) for s in TABLE1_STEPS if s.name not in results]
+    parts = []
+    if notes:
+        parts.append("\n".join(f"- {n}" for n in notes))
+    if not runs:
+        return _section("1. Table 1 (BENCHMARK.md section 1)", "\n\n".join(parts))
+    names = [n for n in DATASETS if any(n in p["results"] for _, p in runs)]
+
+    err_rows, cal_rows, time_rows = [], [], []
+    for name in names:
+        peers = {"CRF": {}, "LR": {}}
+        for step, payload in runs:
+            folds = payload["results"].get(name)
+            if not folds:
+                continue
+            row = _paper_row(step, payload)
+            gps = [_gp(f) for f in folds]
+            err_rows.append([
+                name, step.title, _folds_label(folds),
+                _ms([g["error"] for g in gps]),
+                _ms(_values(folds, "crf", "error")),
+                _ms(_values(folds, "logreg", "error")),
+                f"{row}: {PAPER_TABLE1[name][row]}" if row else "no paper row",
+            ])
+            cal = _values(gps, "calibration")
+            cal_rows.append([
+                name, f"GP, {step.title}",
+                _ms([c["nll"] for c in cal], 3), _ms([c["ece"] for c in cal], 4),
+            ])
+            for key, label in (("crf", "CRF"), ("logreg", "LR")):
+                pc = _values(folds, key, "calibration")
+                if pc:
+                    peers[label][step.name] = (
+                        _ms([c["nll"] for c in pc], 3), _ms([c["ece"] for c in pc], 4))
+            if step.name == "ess":
+                n_iter = str(payload.get("options", {}).get("n_iter", "-"))
+                converged = "-"
+            else:
+                n_iter = _ms([g["n_iter"] for g in gps if "n_iter" in g], 0)
+                conv = [g["converged"] for g in gps if "converged" in g]
+                converged = f"{sum(conv)}/{len(conv)}" if conv else "-"
+            time_rows.append([
+                name, step.title, _folds_label(folds),
+                _ms([g["fit_time"] for g in gps], unit=" s"), n_iter, converged,
+                _ms(_values(folds, "crf", "total_time"), unit=" s"),
+                _ms(_values(folds, "gp_over_crf_time"), 1, "x"),
+            ])
+        for label, by_step in peers.items():
+            if len(set(by_step.values())) == 1:
+                nll, ece = next(iter(by_step.values()))
+                cal_rows.append([name, f"{label} (same in every run)", nll, ece])
+            else:
+                for step_name, (nll, ece) in by_step.items():
+                    cal_rows.append([name, f"{label} ({step_name} run)", nll, ece])
+
+    parts.append(
+        "### Token error % (mean (std over folds, ddof=1))\n\n" + markdown_table(
+            ["data set", "GP mode", "folds", "GP error %", "CRF error % (same run)",
+             "LR error % (same run)", "paper (quoted)"],
+            err_rows,
+        ))
+    parts.append(
+        "CRF: sklearn-crfsuite, L-BFGS, c1=0, c2 by 3-fold inner CV over "
+        "{0.01, 0.1, 1, 10}; LR: per-token LogisticRegression, C by the same "
+        "CV; both on the GP's features, in the same process.")
+    quoted = [[n, PAPER_TABLE1[n]["CRF"], PAPER_TABLE1[n]["SVM-struct"],
+               MEASURED_TABLE1[n]["CRF"], MEASURED_TABLE1[n]["SSVM"],
+               MEASURED_TABLE1[n]["LR"], MEASURED_TABLE1[n]["CRF time"]]
+              for n in names]
+    parts.append("Quoted from BENCHMARK.md, not measured here:\n\n" + markdown_table(
+        ["data set", "paper CRF", "paper SVM-struct", "measured CRF",
+         "measured SSVM", "measured LR", "measured CRF fit + selection"],
+        quoted,
+    ) + (f"\n\nFloor (NumPy weight-space probe, basenp): {PROBE_BASENP}."
+         if "basenp" in names else ""))
+    parts.append("### Calibration of the per-token marginals (mean (std over "
+                 "folds))\n\n" + markdown_table(
+                     ["data set", "model", "NLL of the true label (nats/token)",
+                      "ECE (top label)"],
+                     cal_rows,
+                 ))
+    parts.append("### Fit time per fold (mean (std)) and GP / CRF time\n\n"
+                 + markdown_table(
+                     ["data set", "GP mode", "folds", "GP fit", "iterations",
+                      "converged", "CRF selection + refit", "GP fit / CRF time"],
+                     time_rows,
+                 ))
+    parts.append(
+        "GP fit / CRF time: GP fit time / (CRF c2 selection + refit), per fold "
+        "(same process), then averaged. Iterations: L-BFGS iterations or SAGA "
+        "epochs; ESS: sampler iterations. Converged: folds whose fit stopped "
+        "on its tolerance before max_iter.")
+    return _section("1. Table 1 (BENCHMARK.md section 1)", "\n\n".join(parts))
+
+
+def section2_section(suite, results):
+    title = "2. basenp at a larger scale (BENCHMARK.md section 2)"
+    payload = results.get("section2")
+    if payload is None:
+        return _section(title, _missing(STEPS[STEP_NAMES.index("section2")], suite))
+    import bench_section2
+
+    reps = payload["results"]
+    args = argparse.Namespace(
+        no_batch=not any("gp_batch" in r for r in reps),
+        no_stochastic=not any("gp_stochastic" in r for r in reps),
+        no_crf_cv=not any("crf_cv" in r for r in reps),
+    )
+    with_crf = any("crf_c2=1" in r for r in reps)
+    epochs = payload.get("stochastic_epochs") or [1]
+    err_cols, time_cols = bench_section2.columns(args, with_crf, epochs)
+    n_tokens = _ms([r["n_train_tokens"] for r in reps], 0)
+    parts = [
+        f"{len(reps)} repetition(s), {payload.get('n_train')} training sequences "
+        f"({n_tokens} tokens); L-BFGS max_iter "
+        f"{payload.get('lbfgs_max_iter') or 'default'}, SAGA epoch budgets "
+        f"{epochs}.",
+        "### Token error %\n\n" + bench_section2.table(reps, err_cols, ""),
+        "### Fit time (time to reach the error)\n\n"
+        + bench_section2.table(reps, time_cols, " s"),
+        "'GP SAGA to final error' is the fit time of the shortest epoch budget "
+        "whose test error is no worse than the longest budget's; GP L-BFGS: its "
+        "fit time.",
+    ]
+    if not args.no_stochastic:
+        nested = all(r["gp_stochastic"]["nested"] for r in reps)
+        parts.append("### GP SAGA: error against epochs\n\n"
+                     + bench_section2.curve_table(reps)
+                     + "\n\nShorter budgets replay the longer fits' first epochs: "
+                     + ("yes." if nested else "NO."))
+    parts.append("Quoted from BENCHMARK.md section 2, not measured here:\n\n"
+                 + markdown_table(["result", "error %"], QUOTED_SECTION2))
+    return _section(title, "\n\n".join(parts))
+
+
+def scale_section(suite, results):
+    title = "3. Scaling in training tokens and n_jobs (bench_scale.py)"
+    payload = results.get("scale")
+    if payload is None:
+        return _section(title, _missing(STEPS[STEP_NAMES.index("scale")], suite))
+    import bench_scale
+
+    rows = [(m["config"], m["result"]) for m in payload["measurements"]]
+    sizes = sorted({c["size"] for c, _ in rows})
+    jobs = list(dict.fromkeys(
+        c["n_jobs"] for c, _ in rows if c["size"] == sizes[-1] and c["kind"] != "crf"
+    )) or [1]
+    parts = [
+        "### Measurements (one fresh process each)\n\n"
+        + bench_scale.measurements_table(rows),
+        f"### Ratios (n_jobs={jobs[0]}; 'x' columns: this size over the previous "
+        "one)\n\n" + bench_scale.ratios_table(rows, sizes, jobs[0]),
+    ]
+    if len(jobs) > 1:
+        parts.append(f"### n_jobs at {sizes[-1]} tokens\n\n"
+                     + bench_scale.jobs_table(rows, sizes[-1], jobs))
+    return _section(title, "\n\n".join(parts))
+
+
+def chain_section(suite, results):
+    title = "4. Chain kernels against the NumPy reference (bench_chain.py)"
+    payload = results.get("chain")
+    if payload is None:
+        return _section(title, _missing(STEPS[STEP_NAMES.index("chain")], suite))
+    import bench_chain
+
+    return _section(title, "\n\n".join([
+        "Scaled recursion (unary and pairwise ~ N(0, 1)), cells = samples x "
+        "tokens x V^2 per second, one thread:\n\n"
+        + bench_chain.markdown(payload["scaled"]),
+        "Log-space fallback (pairwise range > 300):\n\n"
+        + bench_chain.markdown(payload["fallback"]),
+        f"The NumPy reference runs sequence by sequence for about "
+        f"{payload.get('reference_seconds')} s per row; Viterbi has no samples "
+        "axis (n/a for S=32).",
+    ]))
+
+
+def dask_section(suite, results):
+    title = "5. dask beside loky (bench_dask.py)"
+    payload = results.get("dask")
+    if payload is None:
+        return _section(title, _missing(STEPS[STEP_NAMES.index("dask")], suite))
+    import bench_dask
+
+    return _section(title, bench_dask.report(payload))
+
+
+SECTIONS = (steps_section, table1_section, section2_section, scale_section,
+            chain_section, dask_section)
+
+
+def build_report(out_dir):
+    """The Markdown report of every JSON in ``out_dir``."""
+    suite = read_json(out_dir / "suite.json") or {}
+    results = {}
+    for step in STEPS:
+        payload = read_json(out_dir / f"{step.name}.json")
+        if payload is not None:
+            results[step.name] = payload
+    env = next((p["environment"] for p in results.values() if "environment" in p),
+               None)
+    quick = sorted(name for name, p in results.items() if p.get("quick"))
+    head = [
+        "# skgpstruct benchmark suite",
+        "",
+        f"Report built {datetime.datetime.now().isoformat(timespec='seconds')} "
+        f"from `{_shown(out_dir)}`.",
+    ]
+    if env:
+        head += ["", "Environment: " + ", ".join(f"{k} {v}" for k, v in env.items())
+                 + "."]
+    if quick:
+        head += ["", "**Smoke run** (`--quick`: one fold, few iterations, small "
+                 f"sizes) for: {', '.join(quick)}. Its figures check that the "
+                 "suite runs; they are not the benchmark's results."]
+    head += ["", "Every speed figure is a ratio against a peer measured in the "
+             "same run; absolute times on shared machines are noisy."]
+    body = []
+    for section in SECTIONS:
+        try:
+            body.append(section(suite, results))
+        except Exception as exc:  # noqa: BLE001 - one bad section, not the report
+            body.append(f"## {section.__name__}\n\nCould not build this section: "
+                        f"{type(exc).__name__}: {exc}\n\n```\n"
+                        f"{traceback.format_exc()}```\n")
+    return "\n".join(head) + "\n\n" + "\n".join(body)
+
+
+# ---------------------------------------------------------------------- #
+# command line
+def build_parser():
+    parser = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog="steps: " + ", ".join(STEP_NAMES),
+    )
+    parser.add_argument(
+        "--out", default=str(DEFAULT_OUT), metavar="DIR",
+        help="folder of the JSON files, logs and report.md (default: "
+        "benchmarks/results/suite)",
+    )
+    parser.add_argument(
+        "--only", nargs="+", choices=STEP_NAMES, metavar="NAME",
+        help="run these steps only (the report still covers every JSON in "
+        "the folder)",
+    )
+    parser.add_argument(
+        "--quick", action="store_true",
+        help="pass --quick to every step: a smoke run of a few minutes",
+    )
+    parser.add_argument(
+        "--report-only", action="store_true",
+        help="run nothing: rebuild the report from the JSON files in --out",
+    )
+    parser.add_argument(
+        "--data", metavar="DIR",
+        help="data directory passed to the steps that read the CRF++ sets",
+    )
+    parser.add_argument(
+        "-q", "--quiet", action="store_true",
+        help="do not echo the steps' output (it is still in <out>/<step>.log)",
+    )
+    return parser
+
+
+def main(argv=None):
+    args = build_parser().parse_args(argv)
+    out_dir = Path(args.out).resolve()
+    out_dir.mkdir(parents=True, exist_ok=True)
+    suite_path = out_dir / "suite.json"
+    suite = read_json(suite_path) or {"steps": {}}
+    selected = [s for s in STEPS if not args.only or s.name in args.only]
+
+    failed = []
+    if args.report_only:
+        failed = [s.name for s in selected
+                  if suite["steps"].get(s.name, {}).get("returncode", 0) != 0]
+    else:
+        for name in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS"):
+            if name not in os.environ:
+                print(f"{name} is not set: the steps run with {name}=1")
+        print(f"running {len(selected)} step(s) into {_shown(out_dir)}: "
+              + ", ".join(s.name for s in selected), flush=True)
+        start = time.perf_counter()
+        for step in selected:
+            record = run_step(step, out_dir, args.quick, args.data, args.quiet)
+            suite["steps"][step.name] = record
+            if record["returncode"] != 0:
+                failed.append(step.name)
+            # After every step, so that an interrupted suite keeps its record.
+            write_json(suite_path, suite)
+        print(f"\nsuite: {len(selected)} step(s) in "
+              f"{time.perf_counter() - start:.0f} s", flush=True)
+        print("commands run:")
+        for step in selected:
+            print(f"  {suite['steps'][step.name]['command']}")
+
+    report = build_report(out_dir)
+    print()
+    print(report)
+    report_path = out_dir / "report.md"
+    report_path.write_text(report, encoding="utf-8")
+    print(f"report written to {_shown(report_path)}")
+    if failed:
+        print(f"FAILED steps: {', '.join(failed)} (see their logs in "
+              f"{_shown(out_dir)})", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
