@@ -97,6 +97,9 @@ STEPS = (
     Step("section2", "bench_section2.py", SEED,
          "basenp, 500 training sequences (BENCHMARK.md section 2)", True),
     Step("scale", "bench_scale.py", (), "scaling in tokens and n_jobs"),
+    Step("scale-points", "bench_scale.py",
+         ("--kernel", "rbf", "--n-inducing", "500", "--no-lbfgs", "--no-crf"),
+         "SAGA memory with 500 inducing points (RBF kernel)"),
     Step("chain", "bench_chain.py", (), "chain kernel throughput"),
     Step("dask", "bench_dask.py", (), "dask beside loky"),
 )
@@ -393,11 +396,11 @@ def section2_section(suite, results):
     return _section(title, "\n\n".join(parts))
 
 
-def scale_section(suite, results):
-    title = "3. Scaling in training tokens and n_jobs (bench_scale.py)"
-    payload = results.get("scale")
+def scale_section(suite, results, name="scale",
+                  title="3. Scaling in training tokens and n_jobs (bench_scale.py)"):
+    payload = results.get(name)
     if payload is None:
-        return _section(title, _missing(STEPS[STEP_NAMES.index("scale")], suite))
+        return _section(title, _missing(STEPS[STEP_NAMES.index(name)], suite))
     import bench_scale
 
     rows = [(m["config"], m["result"]) for m in payload["measurements"]]
@@ -415,6 +418,13 @@ def scale_section(suite, results):
         parts.append(f"### n_jobs at {sizes[-1]} tokens\n\n"
                      + bench_scale.jobs_table(rows, sizes[-1], jobs))
     return _section(title, "\n\n".join(parts))
+
+
+def scale_points_section(suite, results):
+    return scale_section(
+        suite, results, "scale-points",
+        "3b. SAGA with 500 inducing points, RBF kernel (bench_scale.py)",
+    )
 
 
 def chain_section(suite, results):
@@ -447,6 +457,7 @@ def dask_section(suite, results):
 
 
 SECTIONS = (steps_section, table1_section, section2_section, scale_section,
+            scale_points_section,
             chain_section, dask_section)
 
 

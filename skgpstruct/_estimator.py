@@ -152,8 +152,10 @@ class GPStructClassifier(BaseEstimator):
         ``optimizer="stochastic"``).
     batch_size : int, default=10
         Sequences per mini-batch (``optimizer="stochastic"``).
-    learning_rate : float, default=0.05
-        Initial step size of the stochastic optimiser.
+    learning_rate : float, default=0.1
+        Initial step size of the stochastic optimiser. On dev splits outside
+        the benchmark folds (mini-batches of 2), 0.1 matched or beat 0.05 on
+        all four CRF++ sets.
     n_iter_no_change : int, default=5
         Epochs without improvement before the stochastic optimiser stops
         (the epoch-mean ELBO is a noisy estimate: keep this above 2 or 3).
@@ -305,7 +307,7 @@ GroupedLinearKernel`: automatic relevance determination per group).
         n_samples=8,
         max_iter=300,
         batch_size=10,
-        learning_rate=0.05,
+        learning_rate=0.1,
         n_iter_no_change=5,
         early_stopping=False,
         validation_fraction=0.1,

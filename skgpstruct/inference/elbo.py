@@ -72,7 +72,7 @@ class LocalGradient:
 
     chunk_index: int
     iteration_key: int
-    unary: np.ndarray  # (K, S, n_tokens, V)
+    unary: np.ndarray  # (K, S, n_tokens, V), float32
     weights: np.ndarray  # (K,)
     pairwise_mean: np.ndarray  # (V, V)
     pairwise_std: np.ndarray  # (V, V)
@@ -398,7 +398,9 @@ class SparseELBO:
         gradient = LocalGradient(
             chunk_index=chunk_index,
             iteration_key=iteration_key,
-            unary=scale * res["local"],
+            # Single precision halves the store; a stored gradient only serves
+            # as SAGA's control variate, far noisier than its rounding.
+            unary=(scale * res["local"]).astype(np.float32),
             weights=scale * res["weights"],
             pairwise_mean=scale * res["pairwise_mean"],
             pairwise_std=scale * res["pairwise_std"],
