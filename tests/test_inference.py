@@ -60,12 +60,13 @@ def _random_params(rng, K, full, V=V, M=M):
 
 def _problem(
     kernel_name, *, K=1, full=False, estimator="pathwise", S=3, seed=0,
-    features=False,
+    features=False, compact=False, n_features=12,
 ):
     """A tiny fixed-sample ELBO: 6 sequences of 1-5 tokens in 2 chunks.
 
     ``features=True`` uses the weights of the linear kernel as inducing
-    variables instead of inducing points.
+    variables instead of inducing points; ``compact=True`` then lays the
+    chunks out on their own features, as the estimator does.
     """
     rng = np.random.default_rng(seed)
     lengths = [3, 1, 5, 2, 4, 3]
@@ -76,13 +77,14 @@ def _problem(
         # Sparse indicator rows over 12 features, 3 active per token.
         X = []
         for t in lengths:
-            rows = np.zeros((t, 12))
+            rows = np.zeros((t, n_features))
             for i in range(t):
-                rows[i, rng.choice(12, size=3, replace=False)] = 1.0
+                rows[i, rng.choice(n_features, size=3, replace=False)] = 1.0
             X.append(sp.csr_matrix(rows))
         if kernel_name == "grouped":
             kernel = GroupedLinearKernel(
-                groups=np.arange(12) % 3, variance=[1.3, 0.4, 2.0], bias=0.7
+                groups=np.arange(n_features) % 3, variance=[1.3, 0.4, 2.0],
+                bias=0.7,
             )
         else:
             kernel = LinearKernel(variance=1.3, bias=0.7)
@@ -105,6 +107,9 @@ def _problem(
         for i, sl in enumerate(chunk_slices(lengths, 8))
     ]
     assert len(chunks) == 2
+    if compact:
+        for chunk in chunks:
+            chunk.layout = inducing.chunk_layout(chunk.X, chunk.offsets, compact=True)
     layout = ParameterLayout(
         K, V, n_inducing, full, kernel.n_dims, learn_pairwise_prior=True
     )
@@ -137,10 +142,14 @@ def _problem(
         ("linear", 2, True, True),
         ("grouped", 1, False, True),
         ("grouped", 1, False, False),
+        ("grouped", 2, False, "compact"),
     ],
 )
 def test_pathwise_gradient_matches_finite_differences(kernel_name, K, full, features):
-    objective, layout, x0 = _problem(kernel_name, K=K, full=full, features=features)
+    objective, layout, x0 = _problem(
+        kernel_name, K=K, full=full, features=bool(features),
+        compact=features == "compact", n_features=40 if features else 12,
+    )
     rng = np.random.default_rng(1)
     with Parallel(n_jobs=1) as parallel:
         gradient = objective.evaluate(x0, parallel).gradient
@@ -165,6 +174,7 @@ def test_pathwise_gradient_matches_finite_differences(kernel_name, K, full, feat
         ("rbf", 2, True, False),
         ("linear", 1, False, True),
         ("grouped", 1, False, True),
+        ("grouped", 1, False, "compact"),
     ],
 )
 def test_score_objective_gradient_matches_finite_differences(
@@ -174,7 +184,8 @@ def test_score_objective_gradient_matches_finite_differences(
     # weighted (weights != 1) and includes the control variate; its gradient
     # must still be exact.
     objective, layout, x0 = _problem(
-        kernel_name, K=K, full=full, features=features, estimator="score", S=5
+        kernel_name, K=K, full=full, features=bool(features), estimator="score",
+        S=5, compact=features == "compact",
     )
     rng = np.random.default_rng(3)
     reference = x0 + 0.05 * rng.normal(size=x0.shape)
@@ -196,6 +207,26 @@ def test_score_objective_gradient_matches_finite_differences(
             np.testing.assert_allclose(
                 gradient @ direction, finite_diff, rtol=1e-5, atol=1e-7, err_msg=name
             )
+
+
+@pytest.mark.parametrize("estimator", ["pathwise", "score"])
+def test_compact_chunks_give_the_full_layout_s_elbo(estimator):
+    # A chunk evaluated on its own features only (compact layout) gives the
+    # ELBO and gradient of the same chunk laid out on all features.
+    kw = dict(K=2, features=True, estimator=estimator, S=4, n_features=40)
+    full_objective, _, x0 = _problem("grouped", **kw)
+    compact_objective, _, _ = _problem("grouped", compact=True, **kw)
+    supports = [
+        compact_objective.inducing.support(c.layout) for c in compact_objective.chunks
+    ]
+    assert all(0 < s.size < 41 for s in supports)  # strictly fewer features
+    reference = x0 + 0.03 * np.random.default_rng(5).normal(size=x0.shape)
+    reference = reference if estimator == "score" else None
+    with Parallel(n_jobs=1) as parallel:
+        a = full_objective.evaluate(x0, parallel, reference=reference)
+        b = compact_objective.evaluate(x0, parallel, reference=reference)
+    np.testing.assert_allclose(b.elbo, a.elbo, rtol=1e-12)
+    np.testing.assert_allclose(b.gradient, a.gradient, rtol=1e-9, atol=1e-12)
 
 
 def test_self_normalised_score_objective_is_consistent():

@@ -151,8 +151,8 @@ def test_saga_stops_after_n_epochs_without_beating_the_best():
         return 0.0, np.zeros(1)
 
     result = maximize_saga(
-        item, lambda record, x: record, exact, np.zeros(1), 1, step_size=0.1, max_epochs=8, tol=0.0,
-        n_iter_no_change=4, rng=np.random.default_rng(0),
+        item, lambda record, x: record, exact, np.zeros(1), 1, step_size=0.1,
+        max_epochs=8, tol=0.0, n_iter_no_change=4, rng=np.random.default_rng(0),
     )
     assert result.history == [1.0, 2.0, 3.0, 2.5, 2.9, 2.8, 2.7]
     assert result.converged
