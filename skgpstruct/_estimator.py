@@ -607,6 +607,9 @@ GroupedLinearKernel`: automatic relevance determination per group).
                     flush=True,
                 )
 
+        # Attributes of a previous stochastic fit must not survive this one.
+        for name in ("saga_memory_bytes_", "validation_score_history_"):
+            self.__dict__.pop(name, None)
         with Parallel(n_jobs=self.n_jobs) as parallel, _released(objective):
             if optimizer == "stochastic":
                 result = self._optimize_stochastic(
@@ -849,8 +852,6 @@ GroupedLinearKernel`: automatic relevance determination per group).
         self.saga_memory_bytes_ = result.stored_bytes
         if validation is not None:
             self.validation_score_history_ = result.validation_history
-        else:
-            self.__dict__.pop("validation_score_history_", None)
         return OptimizationResult(
             x=result.x, value=result.history[-1], n_iter=result.n_epochs,
             converged=result.converged, message=f"{result.n_steps} SAGA steps",
