@@ -1,0 +1,134 @@
+"""Compare estimator settings on dev splits that no benchmark fold uses.
+
+Defaults are chosen here, never on the benchmark folds. The Table 1 pools
+are the first ``n_data`` sequences of a data set's pool file (basenp 300,
+chunking 100, JapaneseNE 100 of ``test.data``; seg: the 36 of
+``train.data``), so the dev splits draw from what is left: the sequences of
+``test.data`` after the pool (for seg, all of ``test.data``). Three random
+splits per data set (seeds 100, 101, 102; seg 200, 201, 202): basenp trains
+on 150 and tests on 150, chunking and JapaneseNE 50 / 150, seg 10 / the
+rest. Features: the set's CRF++ template fitted on the training split.
+
+Each setting is a list of ``name=value`` estimator parameters; the script
+prints, per data set and setting, the mean token error over the splits,
+each split's error, the mean fit time and the iterations. Example (the
+comparison behind ``tol=1e-5``)::
+
+    OPENBLAS_NUM_THREADS=1 python benchmarks/dev_splits.py \\
+        --datasets basenp chunking JapaneseNE --setting tol=1e-6 \\
+        --setting tol=1e-5 --setting tol=1e-4
+"""
+
+import argparse
+import sys
+import time
+import warnings
+from pathlib import Path
+
+import numpy as np
+from _common import (
+    DATASETS,
+    DEFAULT_DATA_DIR,
+    check_data_dir,
+    command_line,
+    take,
+    template_features,
+    token_error,
+)
+from sklearn.exceptions import ConvergenceWarning
+
+from skgpstruct import GPStructClassifier
+from skgpstruct.io import read_conll
+
+#: Training and test sizes of the dev splits, and the first split seed.
+DEV_SPLITS = {
+    "basenp": (150, 150, 100),
+    "chunking": (50, 150, 100),
+    "JapaneseNE": (50, 150, 100),
+    "seg": (10, None, 200),
+}
+N_SPLITS = 3
+
+
+def parse_setting(text):
+    """``"a=1 b=x"`` or ``"a=1,b=x"`` -> {"a": 1, "b": "x"} (numbers parsed)."""
+    params = {}
+    for item in text.replace(",", " ").split():
+        if "=" not in item:
+            raise argparse.ArgumentTypeError(
+                f"a setting is name=value pairs, got {item!r} in {text!r}"
+            )
+        name, value = item.split("=", 1)
+        for convert in (int, float):
+            try:
+                value = convert(value)
+                break
+            except ValueError:
+                continue
+        params[name] = value
+    return params
+
+
+def dev_pool(data_dir, name):
+    """Token rows and labels of the sequences outside the benchmark pool."""
+    dataset = DATASETS[name]
+    folder = Path(data_dir) / "crfpp" / name
+    tokens, labels = read_conll(folder / "test.data", encoding=dataset.encoding)
+    start = dataset.n_data if dataset.pool_file == "test.data" else 0
+    return tokens[start:], labels[start:], folder / "template"
+
+
+def run(name, params, data_dir):
+    tokens, labels, template = dev_pool(data_dir, name)
+    n_train, n_test, seed = DEV_SPLITS[name]
+    errors, times, iterations = [], [], []
+    for split in range(N_SPLITS):
+        order = np.random.default_rng(seed + split).permutation(len(tokens))
+        train = order[:n_train]
+        test = order[n_train:] if n_test is None else order[n_train : n_train + n_test]
+        X_train, X_test, _, _ = template_features(
+            template, take(tokens, train), take(tokens, test)
+        )
+        y_train = [np.asarray(y) for y in take(labels, train)]
+        y_test = [np.asarray(y) for y in take(labels, test)]
+        model = GPStructClassifier(**{"random_state": 0, **params})
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", ConvergenceWarning)
+            start = time.perf_counter()
+            model.fit(X_train, y_train)
+            times.append(time.perf_counter() - start)
+        errors.append(token_error(y_test, model.predict(X_test)))
+        iterations.append(model.n_iter_)
+    return errors, times, iterations
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument(
+        "--datasets", nargs="+", choices=sorted(DEV_SPLITS),
+        default=["basenp", "chunking", "JapaneseNE", "seg"],
+    )
+    parser.add_argument(
+        "--setting", action="append", type=parse_setting, metavar="NAME=VALUE ...",
+        help="estimator parameters of one setting (repeat the option to "
+        "compare several; none: the defaults)",
+    )
+    parser.add_argument("--data", default=str(DEFAULT_DATA_DIR), metavar="DIR")
+    args = parser.parse_args(argv)
+    data_dir = check_data_dir(args.data)
+    settings = args.setting or [{}]
+    print(f"command: {command_line()}")
+    for name in args.datasets:
+        for params in settings:
+            errors, times, iterations = run(name, params, data_dir)
+            print(
+                f"{name:10s} {params or 'defaults'}: error {np.mean(errors):.2f} % "
+                f"({', '.join(f'{e:.2f}' for e in errors)}), fit "
+                f"{np.mean(times):.1f} s, iterations {iterations}",
+                flush=True,
+            )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
