@@ -118,6 +118,10 @@ def _check_weights(weights, shape, name):
     return weights
 
 
+# Largest sparse right-hand side (rows x columns) densified by _inner_products.
+_DENSE_Y_LIMIT = 2**22
+
+
 def _inner_products(X, Y):
     """Dense ``X @ Y.T`` for any mix of dense and CSR inputs (``Y=None``: X).
 
@@ -131,6 +135,11 @@ def _inner_products(X, Y):
         gram += gram.T
         gram *= 0.5
         return gram
+    if sp.issparse(X) and sp.issparse(Y) and Y.shape[0] * Y.shape[1] <= _DENSE_Y_LIMIT:
+        # A sparse-times-dense product is far cheaper than sparse-times-sparse
+        # (no output structure to build) and sums the same products in the
+        # same order (the extra terms are exact zeros).
+        return np.ascontiguousarray(X @ Y.toarray().T)
     if sp.issparse(X):
         gram = X @ Y.T
     elif sp.issparse(Y):
@@ -145,10 +154,14 @@ def _inner_products(X, Y):
 def _row_sq_norms(X):
     """Squared Euclidean norm of every row, shape (n_rows,)."""
     if sp.issparse(X):
-        # Canonical CSR (no duplicate entries): sum the squared stored values.
-        rows = np.repeat(np.arange(X.shape[0]), np.diff(X.indptr))
-        norms = np.bincount(rows, weights=np.square(X.data), minlength=X.shape[0])
-        return norms.astype(np.float64, copy=False)  # int64 when X.nnz == 0
+        # Canonical CSR (no duplicate entries): sum the squared stored values,
+        # row by row in storage order (a matrix-vector product with ones).
+        X = X.tocsr()
+        squares = sp.csr_matrix(
+            (np.square(X.data, dtype=np.float64), X.indices, X.indptr),
+            shape=X.shape,
+        )
+        return squares @ np.ones(X.shape[1])
     return np.einsum("ij,ij->i", X, X)
 
 
