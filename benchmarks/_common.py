@@ -316,6 +316,13 @@ def crfsuite_available():
     return True
 
 
+#: Printed when the CRF peer cannot run.
+CRF_MISSING = (
+    "sklearn_crfsuite is not installed: the CRF peer is skipped "
+    "(pip install \".[bench]\")"
+)
+
+
 def to_crfsuite(X, feature_names):
     """CSR rows -> sklearn-crfsuite input: per token ``{feature: 1.0}``."""
     out = []

@@ -48,6 +48,7 @@ import sys
 
 import numpy as np
 from _common import (
+    CRF_MISSING,
     DATASETS,
     DEFAULT_DATA_DIR,
     MEASURED_TABLE1,
@@ -273,8 +274,7 @@ def main(argv=None):
     if args.no_peers:
         print("peers: skipped (--no-peers)")
     elif not with_crf:
-        print("sklearn_crfsuite is not installed: the CRF peer is skipped "
-              "(pip install \".[bench]\")")
+        print(CRF_MISSING)
     print()
 
     results = {}

@@ -69,6 +69,7 @@ from concurrent.futures import ProcessPoolExecutor
 
 import numpy as np
 from _common import (
+    CRF_MISSING,
     Stopwatch,
     command_line,
     crfsuite_available,
@@ -560,8 +561,7 @@ def main(argv=None):
           f"epoch(s), options {configs[0]['gp_params']}; n_jobs {args.jobs} at "
           f"{sizes[-1]} tokens")
     if not args.no_crf and not with_crf:
-        print("sklearn_crfsuite is not installed: the CRF peer is skipped "
-              "(pip install \".[bench]\")")
+        print(CRF_MISSING)
     print(f"{len(configs)} measurements, each in a fresh process")
     print()
 

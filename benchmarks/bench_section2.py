@@ -47,6 +47,7 @@ import sys
 import numpy as np
 from _common import (
     CRF_C2_GRID,
+    CRF_MISSING,
     DEFAULT_DATA_DIR,
     INNER_FOLDS,
     QUOTED_SECTION2,
@@ -408,8 +409,7 @@ def main(argv=None):
               + ("" if args.no_crf_cv else
                  f", and c2 by inner {INNER_FOLDS}-fold CV over {list(CRF_C2_GRID)}"))
     else:
-        print("sklearn_crfsuite is not installed: the CRF columns are skipped "
-              "(pip install \".[bench]\")")
+        print(CRF_MISSING)
     print()
 
     pool = load_pool(data_dir, BASENP_ALL)

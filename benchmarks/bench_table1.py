@@ -32,6 +32,7 @@ import sys
 
 from _common import (
     CRF_C2_GRID,
+    CRF_MISSING,
     DATASETS,
     DEFAULT_DATA_DIR,
     INNER_FOLDS,
@@ -254,10 +255,7 @@ def main(argv=None):
         f"LR C grid {list(LR_C_GRID)}"
     )
     if not with_crf:
-        print(
-            "sklearn_crfsuite is not installed: the CRF column is skipped "
-            "(pip install \".[bench]\")"
-        )
+        print(CRF_MISSING)
     print()
 
     results = {}

@@ -358,7 +358,7 @@ class SparseELBO:
         state.pop("_last_point", None)  # a cache, not shipped to workers
         return state
 
-    def evaluate_local(self, vector, chunk_index, iteration_key, *, scale=1.0):
+    def evaluate_local(self, vector, chunk_index, iteration_key):
         """ELL of one chunk and its gradient in local form (pathwise only).
 
         Runs in this process. Returns the packed gradient, and the same
@@ -372,8 +372,6 @@ class SparseELBO:
         chunk_index : int
         iteration_key : int
             Selects fresh Monte Carlo samples (must be positive).
-        scale : float, default=1.0
-            Multiplies the ELL and every gradient.
 
         Returns
         -------
@@ -383,8 +381,8 @@ class SparseELBO:
         """
         shared = self._shared_state(vector, iteration_key)
         chunk = self.chunks[chunk_index]
-        res = chunk_terms(chunk, self._restricted(shared, chunk)[0], local=True)
-        support = self.inducing.support(chunk.layout)
+        restricted, support = self._restricted(shared, chunk)
+        res = chunk_terms(chunk, restricted, local=True)
         theta = None
         if shared.need_kernel_gradient:
             theta = res["theta"]
@@ -394,29 +392,23 @@ class SparseELBO:
                 theta = theta + self.inducing.finish_gradient(
                     shared.kernel, shared.inducing_state, d_state
                 )
-            theta = scale * theta
-        gradient = LocalGradient(
+        local = LocalGradient(
             chunk_index=chunk_index,
             iteration_key=iteration_key,
             # Single precision halves the store; a stored gradient only serves
             # as SAGA's control variate, far noisier than its rounding.
-            unary=(scale * res["local"]).astype(np.float32),
-            weights=scale * res["weights"],
-            pairwise_mean=scale * res["pairwise_mean"],
-            pairwise_std=scale * res["pairwise_std"],
+            unary=res["local"].astype(np.float32),
+            weights=res["weights"],
+            pairwise_mean=res["pairwise_mean"],
+            pairwise_std=res["pairwise_std"],
             theta=theta,
         )
-        grad_mu, grad_sqrt = self._full_gradients(
-            shared.params, support, scale * res["q_mu"], scale * res["q_sqrt"]
+        packed = self._pack_chunk_gradient(
+            shared.params, support, res["q_mu"], res["q_sqrt"], local
         )
-        grads = VariationalParameters(
-            grad_mu, grad_sqrt, gradient.weights, gradient.pairwise_mean,
-            gradient.pairwise_std,
-        )
-        packed = self.layout.pack_gradient(shared.params, grads, theta, 0.0)
-        return scale * res["ell"], gradient, packed
+        return res["ell"], local, packed
 
-    def expand_local(self, vector, gradient, shared=None):
+    def expand_local(self, vector, gradient):
         """The packed gradient of a :class:`LocalGradient` at ``vector``.
 
         The token-space gradient is mapped through the projection of the
@@ -427,36 +419,31 @@ class SparseELBO:
         ----------
         vector : ndarray of shape (layout.size,)
         gradient : LocalGradient
-        shared : SharedState or None
-            The state at ``vector`` if the caller already has it.
 
         Returns
         -------
         ndarray of shape (layout.size,)
         """
-        if shared is None:
-            shared = self._shared_state(vector)
+        shared = self._shared_state(vector)
         chunk = self.chunks[gradient.chunk_index]
         restricted, support = self._restricted(shared, chunk)
-        grad_mu, grad_sqrt = self._full_gradients(
-            shared.params, support,
-            *expand_local(chunk, restricted, gradient.unary, gradient.iteration_key),
+        grad_mu, grad_sqrt = expand_local(
+            chunk, restricted, gradient.unary, gradient.iteration_key
         )
-        grads = VariationalParameters(
-            grad_mu, grad_sqrt, gradient.weights, gradient.pairwise_mean,
-            gradient.pairwise_std,
+        return self._pack_chunk_gradient(
+            shared.params, support, grad_mu, grad_sqrt, gradient
         )
-        return self.layout.pack_gradient(shared.params, grads, gradient.theta, 0.0)
 
-    @staticmethod
-    def _full_gradients(params, support, grad_mu, grad_sqrt):
-        """q_mu and q_sqrt gradients of a chunk, scattered to full size."""
-        if support is None:
-            return grad_mu, grad_sqrt
+    def _pack_chunk_gradient(self, params, support, grad_mu, grad_sqrt, local):
+        """Packed gradient of one chunk: its q_mu and q_sqrt gradients (on its
+        support) scattered to full size, the other parts taken from ``local``."""
         full_mu, full_sqrt = np.zeros_like(params.q_mu), np.zeros_like(params.q_sqrt)
-        full_mu[:, :, support] = grad_mu
-        full_sqrt[:, :, support] = grad_sqrt
-        return full_mu, full_sqrt
+        _add_at(full_mu, support, grad_mu)
+        _add_at(full_sqrt, support, grad_sqrt)
+        grads = VariationalParameters(
+            full_mu, full_sqrt, local.weights, local.pairwise_mean, local.pairwise_std
+        )
+        return self.layout.pack_gradient(params, grads, local.theta, 0.0)
 
     def kl_terms(self, vector):
         """The two KL terms and the packed gradient of ``-(KL_u + KL_bin)``.
