@@ -209,6 +209,78 @@ def test_score_objective_gradient_matches_finite_differences(
             )
 
 
+@pytest.mark.parametrize("dense", [False, True])
+def test_stacked_chunk_equals_the_per_sequence_loop(dense):
+    # With a precomputed layout, inducing features evaluate a whole chunk as
+    # one sparse product; without one, sequence by sequence. Same samples,
+    # same values: an empty sequence, a feature repeated inside a sequence,
+    # a duplicated sparse entry and real-valued features included.
+    rng = np.random.default_rng(4)
+    n_features, K, S = 9, 2, 3
+    lengths = [3, 0, 4, 1]
+    X = rng.uniform(0.5, 2.0, size=(8, n_features)) * (
+        rng.random(size=(8, n_features)) < 0.3
+    )
+    X[0, 2] = X[2, 2] = 1.0  # feature 2 twice in the first sequence
+    if dense:
+        X_chunk = X
+    else:
+        coo = sp.coo_matrix(X)
+        # The entry (3, 5) given as two parts that sum to 1.5.
+        X_chunk = sp.csr_matrix(
+            (
+                np.concatenate([coo.data, [1.0, 0.5]]),
+                (np.concatenate([coo.row, [3, 3]]), np.concatenate([coo.col, [5, 5]])),
+            ),
+            shape=X.shape,
+        )
+        X[3, 5] += 1.5
+    offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
+    labels = rng.integers(V, size=8)
+    inducing = InducingFeatures(n_features)
+    kernel = GroupedLinearKernel(
+        groups=np.arange(n_features) % 2, variance=[1.3, 0.4], bias=0.7
+    )
+    params = _random_params(rng, K, False, M=inducing.n_inducing)
+    shared = SharedState(
+        inducing, inducing.prepare(kernel), kernel, params,
+        rng.normal(size=(S, V, V)), ChainCRF(), S, "pathwise",
+        need_kernel_gradient=True, residual_floor=1e-6,
+    )
+    seed = np.random.SeedSequence(3)
+    looped = Chunk(X_chunk, offsets, labels, seed)
+    stacked = Chunk(
+        X_chunk, offsets, labels, seed, layout=inducing.chunk_layout(X_chunk, offsets)
+    )
+    assert inducing.stacked_projection(shared.inducing_state, looped.layout) is None
+    a = chunk_terms(looped, shared, local=True)
+    b = chunk_terms(stacked, shared, local=True)
+    assert set(a) == set(b)
+    for name in a:
+        np.testing.assert_allclose(b[name], a[name], rtol=1e-10, atol=1e-12,
+                                   err_msg=name)
+    # The stacked rows reproduce the per-sequence projection B_n.
+    projection = inducing.project(kernel, shared.inducing_state, X, offsets)
+    stacked_projection = inducing.stacked_projection(
+        shared.inducing_state, stacked.layout
+    )
+    B = stacked_projection.U.multiply(stacked_projection.scale[:, None]).toarray()
+    start = 0
+    for n, (rows, B_n) in enumerate(
+        zip(projection.rows, projection.B, strict=True)
+    ):
+        block = B[start : start + rows.size]
+        np.testing.assert_array_equal(
+            stacked_projection.rows[start : start + rows.size], rows
+        )
+        np.testing.assert_allclose(block[:, offsets[n] : offsets[n + 1]], B_n)
+        # Nothing outside the sequence's own tokens.
+        outside = np.delete(block, np.arange(offsets[n], offsets[n + 1]), axis=1)
+        assert not np.any(outside)
+        start += rows.size
+    assert start == B.shape[0]
+
+
 @pytest.mark.parametrize("estimator", ["pathwise", "score"])
 def test_compact_chunks_give_the_full_layout_s_elbo(estimator):
     # A chunk evaluated on its own features only (compact layout) gives the

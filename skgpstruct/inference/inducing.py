@@ -12,6 +12,8 @@ __all__ = [
     "distinct_rows",
     "select_inducing_points",
     "Projection",
+    "StackedProjection",
+    "FeatureLayout",
     "InducingPoints",
     "InducingFeatures",
 ]
@@ -112,6 +114,80 @@ class Projection:
     cache: object = None
 
 
+@dataclass
+class StackedProjection:
+    """All sequences of a chunk as one sparse block-diagonal projection.
+
+    Row ``r`` of the stack is inducing variable ``rows[r]`` as seen by the
+    sequence that owns the row, so that every sequence keeps its own draw of
+    the inducing variables; ``B = diag(scale) U`` with ``U`` sparse (only the
+    feature activations and a bias row per sequence), and the unary
+    potentials of the whole chunk are one product,
+    ``f = U^T (scale * v)`` for draws ``v`` of shape (n_rows, n_columns).
+    The gradient with respect to ``v`` is ``scale * U g``, and with respect
+    to ``scale[r]`` it is ``sum_c v[r, c] (U g)[r, c]``.
+
+    Attributes
+    ----------
+    rows : ndarray of int64 of shape (n_rows,)
+    scale : ndarray of shape (n_rows,)
+    U : CSR matrix of shape (n_rows, n_tokens)
+    U_t : CSR matrix of shape (n_tokens, n_rows)
+        ``U`` transposed, kept in row-major form for the forward product.
+    gather : CSR matrix of shape (n_inducing, n_rows)
+        Ones at ``(rows[r], r)``: sums per-row values into the inducing
+        variables.
+    row_counts : list of int
+        Rows of every sequence, in order.
+
+    The conditional ``p(f | u)`` is exact: there is no residual variance.
+    """
+
+    rows: np.ndarray
+    scale: np.ndarray
+    U: sp.csr_matrix
+    U_t: sp.csr_matrix
+    gather: sp.csr_matrix
+    row_counts: list
+
+    @property
+    def n_rows(self):
+        return self.rows.shape[0]
+
+    def sum_rows(self, values):
+        """Per-row values (n_rows, ...) summed into (n_inducing, ...)."""
+        flat = values.reshape(self.n_rows, -1)
+        return (self.gather @ flat).reshape((self.gather.shape[0],) + values.shape[1:])
+
+
+@dataclass
+class FeatureLayout:
+    """What :meth:`InducingFeatures.chunk_layout` precomputes for a chunk.
+
+    Attributes
+    ----------
+    rows : list of ndarray of int64
+        Per sequence, its active features and the bias (numbered within
+        ``support`` when it is not None).
+    blocks : list of CSR matrices of shape (n_active, T_n)
+        Per sequence, its tokens' values of its active features.
+    support : ndarray of int64 or None
+        Compact layouts: the features active anywhere in the chunk and the
+        bias, which ``rows`` are numbered within.
+    stacked_rows, U, U_t, gather
+        The stacked form (``rows`` concatenated, and the matrices of
+        :class:`StackedProjection`).
+    """
+
+    rows: list
+    blocks: list
+    support: object
+    stacked_rows: np.ndarray
+    U: sp.csr_matrix
+    U_t: sp.csr_matrix
+    gather: sp.csr_matrix
+
+
 class InducingPoints:
     """Inducing inputs Z among the tokens: ``u_j = f_j(Z)``, whitened.
 
@@ -138,6 +214,11 @@ class InducingPoints:
     @staticmethod
     def support(layout):
         """Every token depends on every inducing point: no restriction."""
+        return None
+
+    @staticmethod
+    def stacked_projection(L_zz, layout):
+        """Inducing points have no sparse stacked form (see InducingFeatures)."""
         return None
 
     @staticmethod
@@ -232,33 +313,77 @@ class InducingFeatures:
 
         Returns
         -------
-        layout : tuple
-            ``(rows, blocks)``, or ``(rows, blocks, support)`` when compact.
+        layout : FeatureLayout
         """
-        rows, local = [], []
+        X = sp.csr_matrix(X)
+        n_tokens = X.shape[0]
+        rows, blocks = [], []
+        # The stacked form, as coordinates (stacked row, token, value).
+        stack_rows, stack_tokens, stack_values = [], [], []
         bias_row = np.array([self.n_features], dtype=np.int64)
+        n_stacked = 0
         for n in range(len(offsets) - 1):
-            X_n = X[offsets[n] : offsets[n + 1]]
-            if sp.issparse(X_n):
-                active = np.unique(X_n.indices).astype(np.int64)
-                block = X_n[:, active].toarray().T
-            else:
-                active = np.flatnonzero(np.any(X_n != 0, axis=0)).astype(np.int64)
-                block = X_n[:, active].T
+            t0, t1 = int(offsets[n]), int(offsets[n + 1])
+            X_n = X[t0:t1]
+            X_n.sum_duplicates()
+            active = np.unique(X_n.indices).astype(np.int64)
+            coo = X_n.tocoo()
+            local_row = np.searchsorted(active, coo.col)
+            blocks.append(
+                sp.csr_matrix(
+                    (coo.data, (local_row, coo.row)), shape=(active.size, t1 - t0)
+                )
+            )
             rows.append(np.concatenate([active, bias_row]))
-            local.append(sp.csr_matrix(block))
-        if not compact:
-            return rows, local
-        support = np.unique(np.concatenate(rows)) if rows else bias_row
-        rows = [np.searchsorted(support, r) for r in rows]
-        return rows, local, support
+            bias_index = n_stacked + active.size
+            stack_rows += [n_stacked + local_row, np.full(t1 - t0, bias_index)]
+            stack_tokens += [t0 + coo.row, np.arange(t0, t1)]
+            stack_values += [coo.data, np.ones(t1 - t0)]
+            n_stacked += active.size + 1
+        support = None
+        if compact:
+            support = np.unique(np.concatenate(rows)) if rows else bias_row
+            rows = [np.searchsorted(support, r) for r in rows]
+        if stack_rows:
+            coords = (np.concatenate(stack_rows), np.concatenate(stack_tokens))
+            values = np.concatenate(stack_values).astype(np.float64)
+        else:
+            coords = (np.zeros(0, np.int64), np.zeros(0, np.int64))
+            values = np.zeros(0)
+        U = sp.csr_matrix((values, coords), shape=(n_stacked, n_tokens))
+        all_rows = np.concatenate(rows) if rows else np.zeros(0, np.int64)
+        n_space = self.n_inducing if support is None else support.size
+        gather = sp.csr_matrix(
+            (np.ones(n_stacked), (all_rows, np.arange(n_stacked))),
+            shape=(n_space, n_stacked),
+        )
+        return FeatureLayout(
+            rows, blocks, support, all_rows, U, U.T.tocsr(), gather
+        )
 
     @staticmethod
     def support(layout):
         """The inducing variables a compact layout is numbered within, or None."""
-        if layout is None or len(layout) == 2:
+        return None if layout is None else layout.support
+
+    @staticmethod
+    def stacked_projection(scales, layout):
+        """The chunk's :class:`StackedProjection` at these feature scales.
+
+        ``scales`` are those of the layout's support when it is compact (see
+        :meth:`restrict_state`). None without a precomputed layout.
+        """
+        if layout is None:
             return None
-        return layout[2]
+        rows = layout.stacked_rows
+        return StackedProjection(
+            rows, scales[rows], layout.U, layout.U_t, layout.gather,
+            [r.size for r in layout.rows],
+        )
+
+    def stacked_backward(self, kernel, stacked, d_scale):
+        """(d scales, d theta) from the gradient w.r.t. ``stacked.scale``."""
+        return stacked.sum_rows(d_scale), np.zeros(kernel.n_dims)
 
     @staticmethod
     def restrict_state(scales, support):
@@ -278,15 +403,14 @@ class InducingFeatures:
         """Projection of the tokens X (sequences delimited by offsets)."""
         if layout is None:
             layout = self.chunk_layout(X, offsets)
-        rows, local = layout[0], layout[1]
         pieces, unscaled = [], []
-        for rows_n, block in zip(rows, local, strict=True):
+        for rows_n, block in zip(layout.rows, layout.blocks, strict=True):
             U_n = np.empty((block.shape[0] + 1, block.shape[1]))
             U_n[:-1] = block.toarray()
             U_n[-1] = 1.0
             unscaled.append(U_n)
             pieces.append(scales[rows_n][:, None] * U_n)
-        return Projection(rows, pieces, np.zeros(X.shape[0]), cache=unscaled)
+        return Projection(layout.rows, pieces, np.zeros(X.shape[0]), cache=unscaled)
 
     def backward(self, kernel, scales, X, projection, d_B, d_residual):
         """Gradient w.r.t. the feature scales (returned as the state gradient)."""

@@ -151,13 +151,25 @@ def chunk_terms(chunk, shared, local=False):
         ``inducing_state`` (gradient w.r.t. the inducing state, or None),
         ``theta`` (n_theta,) or None, and ``local`` when asked for.
     """
+    rng = _chunk_rng(chunk, shared.iteration_key)
+    if local and shared.estimator != "pathwise":
+        raise ValueError("local gradients need the pathwise estimator")
+    stacked = _stacked(shared, chunk)
+    if stacked is not None and shared.estimator == "pathwise":
+        cache = chunk.noise_cache if shared.iteration_key == 0 else None
+        out, d_scale = _pathwise_stacked(chunk, shared, stacked, rng, cache, local)
+        if shared.need_kernel_gradient:
+            out["inducing_state"], out["theta"] = shared.inducing.stacked_backward(
+                shared.kernel, stacked, d_scale
+            )
+        else:
+            out["inducing_state"], out["theta"] = None, None
+        return out
+
     projection = shared.inducing.project(
         shared.kernel, shared.inducing_state, chunk.X, chunk.offsets, chunk.layout
     )
     residual_sd = np.sqrt(projection.residual + shared.residual_floor)
-    rng = _chunk_rng(chunk, shared.iteration_key)
-    if local and shared.estimator != "pathwise":
-        raise ValueError("local gradients need the pathwise estimator")
     if shared.estimator == "pathwise":
         cache = chunk.noise_cache if shared.iteration_key == 0 else None
         out, d_B, d_residual_sd = _pathwise(
@@ -186,17 +198,33 @@ def _rows(array, rows):
     return array if rows is None else array[:, :, rows]
 
 
-def _inducing_noise(params, rows, S, rng, noise=None):
+def _stacked(shared, chunk):
+    """The chunk's stacked projection, when its inducing variables have one.
+
+    Only with diagonal covariances: the stacked path draws every row on its
+    own.
+    """
+    if shared.params.full_covariance:
+        return None
+    return shared.inducing.stacked_projection(shared.inducing_state, chunk.layout)
+
+
+def _row_counts(params, rows):
+    """Inducing rows drawn for every sequence (all M with full covariances)."""
+    M = params.q_mu.shape[2]
+    full = params.full_covariance
+    return [M if (full or r is None) else r.size for r in rows]
+
+
+def _inducing_noise(params, sizes, S, rng, noise=None):
     """Standard normal noise of the inducing draws of every sequence.
 
-    Returns the list of per-sequence ``eps``, of shape (K, V, M, S) with
-    full covariances and (K, V, n_rows, S) with diagonal ones, and the flat
+    ``sizes`` are the rows drawn per sequence (:func:`_row_counts`). Returns
+    the list of per-sequence ``eps``, of shape (K, V, size, S), and the flat
     array they are views of. All the noise of a chunk is drawn in one call,
     so that the same generator state gives the same noise.
     """
-    K, V, M = params.q_mu.shape
-    full = params.full_covariance
-    sizes = [M if (full or r is None) else r.size for r in rows]
+    K, V, _ = params.q_mu.shape
     if noise is None:
         noise = rng.standard_normal(K * V * S * sum(sizes))
     pieces, start = [], 0
@@ -213,7 +241,7 @@ def _draw_inducing(params, rows, S, rng, noise=None):
     :func:`_inducing_noise`.
     """
     full = params.full_covariance
-    pieces, noise = _inducing_noise(params, rows, S, rng, noise)
+    pieces, noise = _inducing_noise(params, _row_counts(params, rows), S, rng, noise)
     draws = []
     for r, eps in zip(rows, pieces, strict=True):
         mean = _rows(params.q_mu, r)[..., None]
@@ -340,12 +368,20 @@ def expand_local(chunk, shared, local, iteration_key):
     q_sqrt : ndarray of the shape of ``shared.params.q_sqrt``
     """
     params = shared.params
+    stacked = _stacked(shared, chunk)
+    if stacked is not None:
+        rng = _chunk_rng(chunk, iteration_key)
+        eps = _stacked_noise(params, stacked, local.shape[1], rng)
+        return _stacked_inducing_gradient(
+            stacked, *_stacked_backward(stacked, local, eps)
+        )
     projection = shared.inducing.project(
         shared.kernel, shared.inducing_state, chunk.X, chunk.offsets, chunk.layout
     )
     S = local.shape[1]
     noise, _ = _inducing_noise(
-        params, projection.rows, S, _chunk_rng(chunk, iteration_key)
+        params, _row_counts(params, projection.rows), S,
+        _chunk_rng(chunk, iteration_key),
     )
     grad_mu, grad_sqrt = _zero_grads(params)
     offsets = chunk.offsets
@@ -397,18 +433,118 @@ def _pathwise(chunk, shared, projection, residual_sd, rng, cache=None, local=Fal
     if full:
         grad_sqrt = np.tril(grad_sqrt)
     d_residual_sd = np.einsum("kstv,kstv->t", g_unary, xi)
+    out = _pathwise_summary(shared, log_p, g_pair)
+    out["q_mu"], out["q_sqrt"] = grad_mu, grad_sqrt
+    if local:
+        out["local"] = g_unary
+    return out, d_B, d_residual_sd
 
+
+def _pathwise_summary(shared, log_p, g_pair):
+    """ELL, weight and pairwise gradients from log p (K, S, n_seq) and g_pair."""
+    K, S, n_seq = log_p.shape
+    V = g_pair.shape[-1]
+    w = shared.params.weights
     g_pair_s = np.einsum("k,ksnij->sij", w / S, g_pair.reshape(K, S, n_seq, V, V))
-    out = {
+    return {
         "ell": float(np.einsum("k,ksn->", w / S, log_p)),
         "weights": log_p.sum(axis=(1, 2)) / S,
         "pairwise_mean": g_pair_s.sum(axis=0),
         "pairwise_std": np.einsum("sij,sij->ij", g_pair_s, shared.pairwise_noise),
     }
+
+
+def _stacked_noise(params, stacked, S, rng, n_tokens=None):
+    """Inducing noise of the stacked rows, (n_rows, K, V, S).
+
+    The same numbers as :func:`_inducing_noise` for the same generator state
+    (the per-sequence pieces, reordered). With ``n_tokens``, also returns
+    the residual noise ``xi`` (K, S, n_tokens, V) drawn after it, as
+    :func:`sample_unary` does.
+    """
+    K, V, _ = params.q_mu.shape
+    pieces, _ = _inducing_noise(params, stacked.row_counts, S, rng)
+    eps = np.concatenate([p.transpose(2, 0, 1, 3) for p in pieces], axis=0)
+    if n_tokens is None:
+        return eps
+    return eps, rng.standard_normal((K, S, n_tokens, V))
+
+
+def _stacked_rows(params, stacked):
+    """q_mu and q_sqrt of every stacked row, each (n_rows, K, V)."""
+    rows = stacked.rows
+    return (
+        params.q_mu[:, :, rows].transpose(2, 0, 1),
+        params.q_sqrt[:, :, rows].transpose(2, 0, 1),
+    )
+
+
+def _stacked_backward(stacked, g_unary, eps):
+    """Row sums of ``U g`` from the token gradient g (K, S, T, V).
+
+    With ``d v = scale * U g`` for the draws ``v = m + s * eps`` of every
+    stacked row, returns ``sum_s (U g)`` and ``sum_s eps (U g)``, each
+    (n_rows, K, V): every gradient of the inducing side follows from them.
+    """
+    K, S, T, V = g_unary.shape
+    g = g_unary.transpose(2, 0, 3, 1).reshape(T, K * V * S)  # columns (k, j, s)
+    u_g = (stacked.U @ g).reshape(-1, S)
+    sum_g = (u_g @ np.ones(S)).reshape(-1, K, V)
+    sum_g_eps = np.einsum("is,is->i", u_g, eps.reshape(-1, S)).reshape(-1, K, V)
+    return sum_g, sum_g_eps
+
+
+def _stacked_inducing_gradient(stacked, sum_g, sum_g_eps):
+    """q_mu and q_sqrt gradients (K, V, n_inducing) from :func:`_stacked_backward`."""
+    scale = stacked.scale[:, None, None]
+    grad_mu = stacked.sum_rows(scale * sum_g).transpose(1, 2, 0)
+    grad_sqrt = stacked.sum_rows(scale * sum_g_eps).transpose(1, 2, 0)
+    return np.ascontiguousarray(grad_mu), np.ascontiguousarray(grad_sqrt)
+
+
+def _pathwise_stacked(chunk, shared, stacked, rng, cache=None, local=False):
+    """:func:`_pathwise` with all the chunk's sequences in one sparse product.
+
+    Same samples and values as the per-sequence loop (up to rounding) for a
+    :class:`~skgpstruct.inference.inducing.StackedProjection`; returns the
+    output dict and the gradient with respect to ``stacked.scale``.
+    """
+    params = shared.params
+    K, V, _ = params.q_mu.shape
+    S = shared.n_samples
+    offsets, T = chunk.offsets, chunk.n_tokens
+    key = ("stacked", K, V, S)
+    if cache is not None and key in cache:
+        eps, xi = cache[key]
+    else:
+        eps, xi = _stacked_noise(params, stacked, S, rng, T)
+        if cache is not None and eps.nbytes + xi.nbytes <= NOISE_CACHE_BYTES:
+            cache[key] = (eps, xi)
+    # f = U^T (scale * (m + s * eps)): the mean part once for all samples.
+    mean, sd = _stacked_rows(params, stacked)
+    scale = stacked.scale[:, None, None]
+    f_mean = stacked.U_t @ (scale * mean).reshape(-1, K * V)
+    f_noise = stacked.U_t @ ((scale * sd)[..., None] * eps).reshape(-1, K * V * S)
+    f = f_noise.reshape(T, K, V, S) + f_mean.reshape(T, K, V, 1)
+    # No residual variance: only the floor's noise is added.
+    unary = f.transpose(1, 3, 0, 2) + np.sqrt(shared.residual_floor) * xi
+    pairwise = _tile_pairwise(params, shared.pairwise_noise, K)
+    log_p, g_unary, g_pair = shared.likelihood.log_prob_and_gradient(
+        unary.reshape(K * S, T, V), pairwise, offsets, chunk.labels
+    )
+    log_p = log_p.reshape(K, S, chunk.n_sequences)
+    g_unary = g_unary.reshape(K, S, T, V) * (params.weights / S)[:, None, None, None]
+    sum_g, sum_g_eps = _stacked_backward(stacked, g_unary, eps)
+    grad_mu, grad_sqrt = _stacked_inducing_gradient(stacked, sum_g, sum_g_eps)
+    # d scale[r] = sum_c v[r, c] (U g)[r, c]
+    d_scale = np.einsum("rkv,rkv->r", mean, sum_g) + np.einsum(
+        "rkv,rkv->r", sd, sum_g_eps
+    )
+    out = _pathwise_summary(shared, log_p, g_pair)
     out["q_mu"], out["q_sqrt"] = grad_mu, grad_sqrt
     if local:
         out["local"] = g_unary
-    return out, d_B, d_residual_sd
+    return out, d_scale
 
 
 def _sequence_marginal(params, rows, B_n, residual_sd_n):
