@@ -587,13 +587,12 @@ GroupedLinearKernel`: automatic relevance determination per group).
             pairwise_noise=rng.standard_normal((self.n_samples, n_classes, n_classes)),
             residual_floor=1e-8 * float(np.mean(kernel.diag(X_all))),
         )
-        bounds = [(None, None)] * layout.size
+        bounds = np.full((layout.size, 2), [-np.inf, np.inf])
         if n_theta:
-            sl = layout.slices["theta"]
-            bounds[sl] = [tuple(b) for b in kernel.bounds]
+            bounds[layout.slices["theta"]] = kernel.bounds
         if layout.learn_pairwise_prior:
             sl = layout.slices["pairwise_log_prior_variance"]
-            bounds[sl] = [(np.log(1e-4), np.log(1e4))]
+            bounds[sl] = [np.log(1e-4), np.log(1e4)]
 
         timer = Timer()
         verbose = self.verbose

@@ -465,14 +465,24 @@ def test_score_gradient_fits_and_predicts(data):
 
 
 def test_likelihood_without_gradient_with_score_estimator(data):
+    # The score estimator's L-BFGS rounds occasionally stall on this tiny
+    # problem (1 random_state in 20 below 0.8 accuracy, 3 in 20 with the
+    # previous optimiser): the typical fit, the median of three seeds, must be
+    # clearly better than chance.
     X, y, X_test, y_test = data
-    with warnings.catch_warnings():
-        # L-BFGS may stop on the noisy score-function gradient.
-        warnings.simplefilter("ignore", ConvergenceWarning)
-        model = GPStructClassifier(
-            likelihood=UnaryOnlyLikelihood(), gradient="score", n_samples=16, **FAST
-        ).fit(X, y)
-    assert_clearly_better_than_chance(y_test, model.predict(X_test))
+    accuracies = []
+    for random_state in range(3):
+        with warnings.catch_warnings():
+            # L-BFGS may stop on the noisy score-function gradient.
+            warnings.simplefilter("ignore", ConvergenceWarning)
+            model = GPStructClassifier(
+                likelihood=UnaryOnlyLikelihood(), gradient="score", n_samples=16,
+                **{**FAST, "random_state": random_state},
+            ).fit(X, y)
+        accuracies.append(
+            np.mean(np.concatenate(model.predict(X_test)) == np.concatenate(y_test))
+        )
+    assert np.median(accuracies) > 0.8, accuracies
 
 
 # --------------------------------------------------------------------------- #

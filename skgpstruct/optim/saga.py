@@ -36,6 +36,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from .box import bound_arrays
+
 __all__ = ["SAGAResult", "maximize_saga"]
 
 
@@ -111,7 +113,7 @@ def maximize_saga(
         held-out one if given, else the mean training objective) does not
         exceed the best epoch so far by ``tol`` (relative).
     n_iter_no_change : int, default=3
-    bounds : sequence of (low, high) or None
+    bounds : sequence of (low, high), array of shape (n, 2) or None
         Coordinates are clipped to these bounds after every step.
     rng : numpy.random.Generator
     callback : callable or None
@@ -135,8 +137,7 @@ def maximize_saga(
     step_size = np.broadcast_to(np.asarray(step_size, dtype=np.float64), (n,))
     low = high = None
     if bounds is not None:
-        low = np.array([-np.inf if b[0] is None else b[0] for b in bounds])
-        high = np.array([np.inf if b[1] is None else b[1] for b in bounds])
+        low, high = bound_arrays(bounds, n)
     if state is None or state.get("n_items") != n_items or state["total"].size != n:
         state = {
             "n_items": n_items,
