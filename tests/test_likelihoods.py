@@ -1,11 +1,12 @@
 """Likelihoods: piecewise pseudo-likelihood, the callable adapter, the registry.
 
-The pseudo-likelihood is checked against a per-token Python loop written
-here from its formula, its gradients against central finite differences,
-and, where the chain factorises, against the exact chain. The adapter is
-checked with an exact chain log-likelihood written here in NumPy (itself
-checked against brute-force enumeration), and both are fitted through the
-estimator on easy synthetic data.
+The pseudo-likelihood is checked against a brute-force evaluation of its
+definition written here (every factor of the chain, every variable of the
+factor, its values enumerated), its gradients against central finite
+differences, and, where the chain factorises, against the exact chain. The
+adapter is checked with an exact chain log-likelihood written here in NumPy
+(itself checked against brute-force enumeration), and both are fitted
+through the estimator on easy synthetic data.
 """
 
 import pickle
@@ -50,23 +51,44 @@ def _problem(seed, lengths, n_samples=2, n_labels=3, scale=1.0):
     return unary, pairwise, offsets, labels
 
 
-def pseudo_loglik_loop(unary, pairwise, offsets, labels):
-    """The piecewise pseudo-likelihood, one token at a time (the formula)."""
-    n_samples = unary.shape[0]
+def chain_factors(unary_s, pairwise_s, start, stop):
+    """The factors of one sequence of one sample: (variables, potential).
+
+    The chain as the model defines it: a unary factor on every token and a
+    transition factor on every pair of neighbours. ``potential`` maps the
+    labels of the factor's variables to its log-potential.
+    """
+    factors = [
+        ((t,), lambda y, t=t: unary_s[t, y[0]]) for t in range(start, stop)
+    ]
+    factors += [
+        ((t, t + 1), lambda y: pairwise_s[y[0], y[1]])
+        for t in range(start, stop - 1)
+    ]
+    return factors
+
+
+def pseudo_loglik_bruteforce(unary, pairwise, offsets, labels):
+    """Sutton and McCallum's piecewise pseudo-likelihood from its definition.
+
+    For every factor and every variable of it: the log-probability of the
+    variable's label given the labels of the factor's other variables under
+    that factor alone, its values enumerated one by one.
+    """
+    n_samples, _, n_labels = unary.shape
     n_seq = len(offsets) - 1
     out = np.zeros((n_samples, n_seq))
     for s in range(n_samples):
-        P = pairwise[s]
         for n in range(n_seq):
-            for t in range(offsets[n], offsets[n + 1]):
-                y_t = labels[t]
-                out[s, n] += unary[s, t, y_t] - logsumexp(unary[s, t])
-                if t + 1 < offsets[n + 1]:
-                    y_next = labels[t + 1]
-                    # y_t given y_{t+1}, then y_{t+1} given y_t, within the
-                    # transition factor only
-                    out[s, n] += P[y_t, y_next] - logsumexp(P[:, y_next])
-                    out[s, n] += P[y_t, y_next] - logsumexp(P[y_t, :])
+            factors = chain_factors(unary[s], pairwise[s], offsets[n], offsets[n + 1])
+            for variables, potential in factors:
+                observed = [labels[v] for v in variables]
+                for i in range(len(variables)):
+                    scores = [
+                        potential(observed[:i] + [value] + observed[i + 1 :])
+                        for value in range(n_labels)
+                    ]
+                    out[s, n] += potential(observed) - logsumexp(scores)
     return out
 
 
@@ -94,12 +116,12 @@ def chain_loglik_numpy(unary, pairwise, y):
 @pytest.mark.parametrize("lengths", LENGTHS)
 @pytest.mark.parametrize("n_labels", [1, 2, 4])
 @pytest.mark.parametrize("scale", [1e-2, 1.0, 1e2, 1e3])
-def test_pseudo_matches_per_token_loop(lengths, n_labels, scale):
+def test_pseudo_matches_its_definition(lengths, n_labels, scale):
     unary, pairwise, offsets, labels = _problem(
         0, lengths, n_labels=n_labels, scale=scale
     )
     pwpl = PiecewisePseudoLikelihood()
-    expected = pseudo_loglik_loop(unary, pairwise, offsets, labels)
+    expected = pseudo_loglik_bruteforce(unary, pairwise, offsets, labels)
     value = pwpl.log_prob(unary, pairwise, offsets, labels)
     assert value.shape == (unary.shape[0], len(lengths))
     np.testing.assert_allclose(value, expected, rtol=1e-12, atol=1e-9)
@@ -121,6 +143,74 @@ def test_pseudo_is_piecewise_pl_not_piecewise_training():
         1 - np.log(np.exp(0) + np.exp(1))
     )
     assert value[0, 0] == pytest.approx(expected, rel=1e-14)
+
+
+def test_pseudo_separates_the_unary_and_transition_pieces():
+    # No factor holds both a unary and a transition potential, so the value
+    # is a function of the unaries plus a function of the transitions: the
+    # unaries are fitted as independent per-token softmax classifiers and the
+    # transitions from the label bigrams alone.
+    unary, pairwise, offsets, labels = _problem(9, [4, 1, 0, 3], n_labels=3)
+    other_unary, other_pairwise, _, _ = _problem(10, [4, 1, 0, 3], n_labels=3)
+    pwpl = PiecewisePseudoLikelihood()
+
+    def evaluate(u, p):
+        return pwpl.log_prob_and_gradient(u, p, offsets, labels)
+
+    value, grad_unary, grad_pairwise = evaluate(unary, pairwise)
+    value_p, grad_unary_p, _ = evaluate(unary, other_pairwise)
+    value_u, _, grad_pairwise_u = evaluate(other_unary, pairwise)
+    value_up = evaluate(other_unary, other_pairwise)[0]
+    np.testing.assert_allclose(value - value_p, value_u - value_up, atol=1e-12)
+    np.testing.assert_array_equal(grad_unary_p, grad_unary)
+    np.testing.assert_array_equal(grad_pairwise_u, grad_pairwise)
+    softmax = np.exp(unary - logsumexp(unary, axis=2, keepdims=True))
+    expected = -softmax
+    expected[:, np.arange(len(labels)), labels] += 1.0
+    np.testing.assert_allclose(grad_unary, expected, atol=1e-14)
+
+
+def test_pseudo_transitions_are_maximised_by_the_log_bigram_counts():
+    # Both local conditionals of a transition factor are saturated
+    # conditional models of the label bigrams: P[a, b] = log N[a, b] + c
+    # makes them the empirical p(a | b) and p(b | a), so the gradient of
+    # the whole batch with respect to P vanishes there.
+    labels = np.array([0, 0, 1, 2, 2, 0, 2, 2, 1, 1, 0, 1, 0, 2])
+    offsets = np.array([0, 6, 6, 7, 14])
+    counts = np.zeros((3, 3))
+    for start, stop in zip(offsets[:-1], offsets[1:], strict=True):
+        np.add.at(counts, (labels[start : stop - 1], labels[start + 1 : stop]), 1)
+    assert np.all(counts > 0)
+    pairwise = np.stack([np.log(counts), np.log(counts) + 5.0])
+    unary = np.random.default_rng(12).standard_normal((2, len(labels), 3))
+    _, _, grad_pairwise = PiecewisePseudoLikelihood().log_prob_and_gradient(
+        unary, pairwise, offsets, labels
+    )
+    np.testing.assert_allclose(grad_pairwise.sum(axis=1), 0.0, atol=1e-12)
+
+
+@pytest.mark.parametrize("scale", [1e3, 1e6])
+def test_pseudo_is_finite_for_large_potentials(scale):
+    unary, pairwise, offsets, labels = _problem(11, [5, 1, 0, 3], n_labels=4)
+    unary *= scale
+    pairwise *= scale
+    value, grad_unary, grad_pairwise = (
+        PiecewisePseudoLikelihood().log_prob_and_gradient(
+            unary, pairwise, offsets, labels
+        )
+    )
+    for array in (value, grad_unary, grad_pairwise):
+        assert np.all(np.isfinite(array))
+    # a sum of log-probabilities; softmax gradients sum to zero
+    assert np.all(value <= 0.0)
+    np.testing.assert_allclose(grad_unary.sum(axis=2), 0.0, atol=1e-12)
+    np.testing.assert_allclose(grad_pairwise.sum(axis=(2, 3)), 0.0, atol=1e-9)
+    np.testing.assert_allclose(
+        value,
+        pseudo_loglik_bruteforce(unary, pairwise, offsets, labels),
+        rtol=1e-12,
+        atol=1e-6,
+    )
 
 
 @pytest.mark.parametrize("lengths", LENGTHS)

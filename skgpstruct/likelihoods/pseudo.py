@@ -50,10 +50,15 @@ class PiecewisePseudoLikelihood(Likelihood):
 
     The piecewise pseudo-likelihood (PWPL) of Sutton and McCallum (2007),
     the drop-in replacement of the exact likelihood in section 6.1.1 of the
-    paper. Every factor of the chain is taken on its own, and within a
-    factor every variable is conditioned on the other variables of *that
-    factor only*. For a sequence with labels ``y_0 .. y_{T-1}``, unary
-    potentials ``u`` and transition potentials ``P``::
+    paper: for every factor of the model and every variable of that factor,
+    the log-probability of the variable's label given the labels of the
+    factor's other variables, under *that factor alone*. The factors are
+    the cliques of the model as the paper writes it (eq. 1 and 4: unary
+    nodes ``f_u`` and pairwise nodes ``f_bin``): a unary factor
+    ``exp(u[t, y_t])`` on every token and a transition factor
+    ``exp(P[y_t, y_{t+1}])`` on every pair of neighbours, the unaries
+    ``u`` and the transitions ``P`` in separate factors. For a sequence
+    with labels ``y_0 .. y_{T-1}``::
 
         log PWPL(y) = sum_{t=0}^{T-1} [ u[t, y_t] - logsumexp_v u[t, v] ]
                     + sum_{t=0}^{T-2} [ P[y_t, y_{t+1}] - logsumexp_i P[i, y_{t+1}]
@@ -65,10 +70,10 @@ class PiecewisePseudoLikelihood(Likelihood):
     ``P[:, y_{t+1}]``) and ``y_{t+1}`` given ``y_t`` (along the row
     ``P[y_t, :]``). This is *not* piecewise training, which normalises a
     transition factor over both of its variables
-    (``P[y_t, y_{t+1}] - logsumexp_{i, j} P[i, j]``): PWPL keeps the cost
-    of every token linear in the number of labels V (the ``V x V`` column
-    and row normalisers depend only on the sample, not on the token),
-    where forward-backward is quadratic.
+    (``P[y_t, y_{t+1}] - logsumexp_{i, j} P[i, j]``). Every token costs
+    O(V) for V labels (its unary softmax; the column and row normalisers
+    of ``P`` depend on the sample only), where forward-backward costs
+    O(V^2).
 
     The PWPL is not a normalised distribution over labellings: even when
     the exact chain factorises (``P = 0``) it equals the exact
@@ -84,6 +89,21 @@ class PiecewisePseudoLikelihood(Likelihood):
     with ``N`` the sequence's transition counts, ``n_in = N.sum(0)``,
     ``n_out = N.sum(1)``, ``Pcol = softmax(P, axis=0)`` and
     ``Prow = softmax(P, axis=1)``.
+
+    Notes
+    -----
+    No factor holds both a unary and a transition potential, so the PWPL is
+    a function of ``u`` plus a function of ``P``: the unaries are fitted as
+    independent per-token softmax classifiers, and the transitions to the
+    label bigrams of the training sequences alone (without the prior, the
+    transition part is maximised by ``P[a, b] = log N[a, b] + const``, the
+    log bigram counts), whatever the unaries already explain. Prediction
+    adds both in the exact chain, so the label frequencies, already in the
+    unaries, are counted again by the transitions; with a dominant label
+    (``O`` in named-entity data) Viterbi decoding then tends to that label.
+    On dev splits outside the benchmark folds, decoding a PWPL fit with its
+    transitions was worse than decoding its unaries alone, and worse than
+    the exact likelihood (user guide, "Choosing the likelihood").
 
     References
     ----------
