@@ -146,3 +146,37 @@ def test_a_new_fit_replaces_the_cached_chunks_of_the_previous_one():
     assert original(token, index, chunk, shared)["ell"] < 0
     assert list(elbo_module._CHUNK_CACHE) == [token]
     elbo_module._CHUNK_CACHE.clear()
+
+
+def test_loky_leak_allowance_covers_the_cached_chunks(monkeypatch):
+    # loky restarts a worker that grew by more than 300 MB, taking it for a
+    # leak; a worker holding a fit's chunks raises its allowance by what it
+    # holds (layouts and base samples included), so it is not restarted and
+    # sent every chunk again.
+    from joblib.externals.loky import process_executor
+
+    from skgpstruct.inference import elbo as elbo_module
+
+    monkeypatch.setattr(process_executor, "_MAX_MEMORY_LEAK_SIZE", int(3e8))
+    X, y = make_sequences(6, random_state=0)
+    captured = {}
+    original = elbo_module._cached_chunk_terms
+
+    def spy(token, index, chunk, shared):
+        captured.setdefault("call", (token, index, chunk, shared))
+        return original(token, index, chunk, shared)
+
+    monkeypatch.setattr(elbo_module, "_cached_chunk_terms", spy)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ConvergenceWarning)
+        GPStructClassifier(kernel="linear", max_iter=1, random_state=0).fit(X, y)
+    token, index, chunk, shared = captured["call"]
+    elbo_module._CHUNK_CACHE.clear()
+    original(token, index, chunk, shared)
+    held = elbo_module._CHUNK_CACHE[token][index]
+    layout_bytes = held.layout.U.data.nbytes + held.layout.gather.data.nbytes
+    assert held.noise_cache  # the base samples were kept
+    noise_bytes = sum(a.nbytes for pair in held.noise_cache.values() for a in pair)
+    assert held.nbytes >= held.X.data.nbytes + layout_bytes + noise_bytes
+    assert process_executor._MAX_MEMORY_LEAK_SIZE == int(3e8) + 2 * held.nbytes
+    elbo_module._CHUNK_CACHE.clear()

@@ -29,6 +29,29 @@ __all__ = ["SparseELBO", "ELBOEvaluation", "LocalGradient"]
 # holding the chunks of the latest fit only.
 _CHUNK_CACHE = {}
 
+# Memory a loky worker may grow by beyond what it keeps in _CHUNK_CACHE
+# before loky takes it for a leak and restarts it (loky's own default).
+_LOKY_LEAK_ALLOWANCE = int(3e8)
+
+
+def _allow_cached_memory(store):
+    """Keep loky from restarting this worker for the chunks it holds.
+
+    loky replaces a worker whose memory grew by more than 300 MB since it
+    started, taking it for a leak; a worker that keeps a large fit's chunks
+    (and their base samples) would then be restarted and sent every chunk
+    again. The allowance is raised by what the cache holds, in this
+    process's copy of loky's module (only loky's worker loop reads it).
+    """
+    try:
+        from joblib.externals.loky import process_executor
+    except ImportError:  # pragma: no cover - joblib always vendors loky
+        return
+    if not hasattr(process_executor, "_MAX_MEMORY_LEAK_SIZE"):
+        return  # pragma: no cover - a loky without the leak check
+    held = sum(chunk.nbytes for chunk in store.values())
+    process_executor._MAX_MEMORY_LEAK_SIZE = _LOKY_LEAK_ALLOWANCE + 2 * held
+
 
 def _add_at(total, support, part, axis=2):
     """``total += part``, or on the support's indices along ``axis``."""
@@ -55,7 +78,12 @@ def _cached_chunk_terms(token, index, chunk, shared):
         store[index] = chunk
     elif store is None or index not in store:
         return None
-    return chunk_terms(store[index], shared)
+    held = store[index]
+    n_cached = len(held.noise_cache)
+    result = chunk_terms(held, shared)
+    if chunk is not None or len(held.noise_cache) != n_cached:
+        _allow_cached_memory(store)  # the cache grew
+    return result
 
 
 @dataclass

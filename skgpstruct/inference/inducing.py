@@ -132,8 +132,6 @@ class StackedProjection:
     rows : ndarray of int64 of shape (n_rows,)
     scale : ndarray of shape (n_rows,)
     U : CSR matrix of shape (n_rows, n_tokens)
-    U_t : CSR matrix of shape (n_tokens, n_rows)
-        ``U`` transposed, kept in row-major form for the forward product.
     gather : CSR matrix of shape (n_inducing, n_rows)
         Ones at ``(rows[r], r)``: sums per-row values into the inducing
         variables.
@@ -146,7 +144,6 @@ class StackedProjection:
     rows: np.ndarray
     scale: np.ndarray
     U: sp.csr_matrix
-    U_t: sp.csr_matrix
     gather: sp.csr_matrix
     row_counts: list
 
@@ -169,22 +166,23 @@ class FeatureLayout:
     rows : list of ndarray of int64
         Per sequence, its active features and the bias (numbered within
         ``support`` when it is not None).
-    blocks : list of CSR matrices of shape (n_active, T_n)
-        Per sequence, its tokens' values of its active features.
     support : ndarray of int64 or None
         Compact layouts: the features active anywhere in the chunk and the
         bias, which ``rows`` are numbered within.
-    stacked_rows, U, U_t, gather
+    row_starts : ndarray of int64 of shape (n_sequences + 1,)
+        Sequence ``n`` owns the stacked rows ``row_starts[n]`` to
+        ``row_starts[n + 1]`` (its active features, then its bias).
+    stacked_rows, U, gather
         The stacked form (``rows`` concatenated, and the matrices of
-        :class:`StackedProjection`).
+        :class:`StackedProjection`). ``U`` holds each sequence's block: a
+        chunk cached by a worker costs about twice its ``X``.
     """
 
     rows: list
-    blocks: list
     support: object
+    row_starts: np.ndarray
     stacked_rows: np.ndarray
     U: sp.csr_matrix
-    U_t: sp.csr_matrix
     gather: sp.csr_matrix
 
 
@@ -317,7 +315,7 @@ class InducingFeatures:
         """
         X = sp.csr_matrix(X)
         n_tokens = X.shape[0]
-        rows, blocks = [], []
+        rows = []
         # The stacked form, as coordinates (stacked row, token, value).
         stack_rows, stack_tokens, stack_values = [], [], []
         bias_row = np.array([self.n_features], dtype=np.int64)
@@ -329,11 +327,6 @@ class InducingFeatures:
             active = np.unique(X_n.indices).astype(np.int64)
             coo = X_n.tocoo()
             local_row = np.searchsorted(active, coo.col)
-            blocks.append(
-                sp.csr_matrix(
-                    (coo.data, (local_row, coo.row)), shape=(active.size, t1 - t0)
-                )
-            )
             rows.append(np.concatenate([active, bias_row]))
             bias_index = n_stacked + active.size
             stack_rows += [n_stacked + local_row, np.full(t1 - t0, bias_index)]
@@ -357,8 +350,9 @@ class InducingFeatures:
             (np.ones(n_stacked), (all_rows, np.arange(n_stacked))),
             shape=(n_space, n_stacked),
         )
+        row_starts = np.concatenate([[0], np.cumsum([r.size for r in rows])])
         return FeatureLayout(
-            rows, blocks, support, all_rows, U, U.T.tocsr(), gather
+            rows, support, row_starts.astype(np.int64), all_rows, U, gather
         )
 
     @staticmethod
@@ -377,8 +371,8 @@ class InducingFeatures:
             return None
         rows = layout.stacked_rows
         return StackedProjection(
-            rows, scales[rows], layout.U, layout.U_t, layout.gather,
-            [r.size for r in layout.rows],
+            rows, scales[rows], layout.U, layout.gather,
+            np.diff(layout.row_starts).tolist(),
         )
 
     def stacked_backward(self, kernel, stacked, d_scale):
@@ -404,10 +398,11 @@ class InducingFeatures:
         if layout is None:
             layout = self.chunk_layout(X, offsets)
         pieces, unscaled = [], []
-        for rows_n, block in zip(layout.rows, layout.blocks, strict=True):
-            U_n = np.empty((block.shape[0] + 1, block.shape[1]))
-            U_n[:-1] = block.toarray()
-            U_n[-1] = 1.0
+        starts = layout.row_starts
+        for n, rows_n in enumerate(layout.rows):
+            # The sequence's block of the stack: its features, then the bias.
+            U_n = layout.U[starts[n] : starts[n + 1], offsets[n] : offsets[n + 1]]
+            U_n = U_n.toarray()
             unscaled.append(U_n)
             pieces.append(scales[rows_n][:, None] * U_n)
         return Projection(layout.rows, pieces, np.zeros(X.shape[0]), cache=unscaled)

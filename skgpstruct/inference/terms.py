@@ -88,6 +88,30 @@ class Chunk:
     def n_tokens(self):
         return int(self.offsets[-1])
 
+    @property
+    def nbytes(self):
+        """Memory of the chunk's arrays, its layout and its base samples."""
+        return _nbytes((self.X, self.offsets, self.labels, self.layout)) + _nbytes(
+            self.noise_cache
+        )
+
+
+def _nbytes(obj):
+    """Bytes of the arrays and sparse matrices in nested containers."""
+    if obj is None:
+        return 0
+    if hasattr(obj, "data") and hasattr(obj, "indices"):  # sparse matrix
+        return obj.data.nbytes + obj.indices.nbytes + obj.indptr.nbytes
+    if isinstance(obj, np.ndarray):
+        return obj.nbytes
+    if isinstance(obj, dict):
+        return sum(_nbytes(v) for v in obj.values())
+    if isinstance(obj, (list, tuple)):
+        return sum(_nbytes(v) for v in obj)
+    if hasattr(obj, "__dataclass_fields__"):
+        return sum(_nbytes(getattr(obj, name)) for name in obj.__dataclass_fields__)
+    return 0
+
 
 @dataclass
 class SharedState:
@@ -523,8 +547,8 @@ def _pathwise_stacked(chunk, shared, stacked, rng, cache=None, local=False):
     # f = U^T (scale * (m + s * eps)): the mean part once for all samples.
     mean, sd = _stacked_rows(params, stacked)
     scale = stacked.scale[:, None, None]
-    f_mean = stacked.U_t @ (scale * mean).reshape(-1, K * V)
-    f_noise = stacked.U_t @ ((scale * sd)[..., None] * eps).reshape(-1, K * V * S)
+    f_mean = stacked.U.T @ (scale * mean).reshape(-1, K * V)
+    f_noise = stacked.U.T @ ((scale * sd)[..., None] * eps).reshape(-1, K * V * S)
     f = f_noise.reshape(T, K, V, S) + f_mean.reshape(T, K, V, 1)
     # No residual variance: only the floor's noise is added.
     unary = f.transpose(1, 3, 0, 2) + np.sqrt(shared.residual_floor) * xi
