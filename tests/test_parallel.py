@@ -119,14 +119,11 @@ def test_chunks_are_sent_once_and_again_to_a_process_that_lacks_them(
         np.testing.assert_array_equal(other.gradient, first.gradient)
 
 
-def test_a_new_fit_replaces_the_cached_chunks_of_the_previous_one():
+def _first_chunk_task(monkeypatch, n_sequences, **params):
+    """The arguments of the first chunk task of a one-iteration fit."""
     from skgpstruct.inference import elbo as elbo_module
 
-    elbo_module._CHUNK_CACHE.clear()
-    elbo_module._CHUNK_CACHE["old"] = {0: object()}
-    assert elbo_module._cached_chunk_terms("new", 0, None, None) is None
-    assert "old" in elbo_module._CHUNK_CACHE  # a miss changes nothing
-    X, y = make_sequences(3, random_state=0)
+    X, y = make_sequences(n_sequences, random_state=0)
     captured = {}
     original = elbo_module._cached_chunk_terms
 
@@ -134,16 +131,24 @@ def test_a_new_fit_replaces_the_cached_chunks_of_the_previous_one():
         captured.setdefault("call", (token, index, chunk, shared))
         return original(token, index, chunk, shared)
 
-    elbo_module._cached_chunk_terms = spy
-    try:
+    with monkeypatch.context() as patch:
+        patch.setattr(elbo_module, "_cached_chunk_terms", spy)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", ConvergenceWarning)
-            GPStructClassifier(max_iter=1, random_state=0).fit(X, y)
-    finally:
-        elbo_module._cached_chunk_terms = original
-    token, index, chunk, shared = captured["call"]
+            GPStructClassifier(max_iter=1, random_state=0, **params).fit(X, y)
+    return captured["call"]
+
+
+def test_a_new_fit_replaces_the_cached_chunks_of_the_previous_one(monkeypatch):
+    from skgpstruct.inference import elbo as elbo_module
+
+    elbo_module._CHUNK_CACHE.clear()
     elbo_module._CHUNK_CACHE["old"] = {0: object()}
-    assert original(token, index, chunk, shared)["ell"] < 0
+    assert elbo_module._cached_chunk_terms("new", 0, None, None) is None
+    assert "old" in elbo_module._CHUNK_CACHE  # a miss changes nothing
+    token, index, chunk, shared = _first_chunk_task(monkeypatch, 3)
+    elbo_module._CHUNK_CACHE["old"] = {0: object()}
+    assert elbo_module._cached_chunk_terms(token, index, chunk, shared)["ell"] < 0
     assert list(elbo_module._CHUNK_CACHE) == [token]
     elbo_module._CHUNK_CACHE.clear()
 
@@ -158,21 +163,9 @@ def test_loky_leak_allowance_covers_the_cached_chunks(monkeypatch):
     from skgpstruct.inference import elbo as elbo_module
 
     monkeypatch.setattr(process_executor, "_MAX_MEMORY_LEAK_SIZE", int(3e8))
-    X, y = make_sequences(6, random_state=0)
-    captured = {}
-    original = elbo_module._cached_chunk_terms
-
-    def spy(token, index, chunk, shared):
-        captured.setdefault("call", (token, index, chunk, shared))
-        return original(token, index, chunk, shared)
-
-    monkeypatch.setattr(elbo_module, "_cached_chunk_terms", spy)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", ConvergenceWarning)
-        GPStructClassifier(kernel="linear", max_iter=1, random_state=0).fit(X, y)
-    token, index, chunk, shared = captured["call"]
+    token, index, chunk, shared = _first_chunk_task(monkeypatch, 6, kernel="linear")
     elbo_module._CHUNK_CACHE.clear()
-    original(token, index, chunk, shared)
+    elbo_module._cached_chunk_terms(token, index, chunk, shared)
     held = elbo_module._CHUNK_CACHE[token][index]
     layout_bytes = held.layout.U.data.nbytes + held.layout.gather.data.nbytes
     assert held.noise_cache  # the base samples were kept
