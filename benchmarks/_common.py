@@ -477,6 +477,27 @@ def format_mean_std(values, digits=2, unit=""):
     return text
 
 
+def calibration_rows(results, models):
+    """Per data set and model, mean (std) of the NLL and ECE over the folds.
+
+    ``models`` lists ``(label, key)``: a fold's calibration is
+    ``fold[key]["calibration"]``, or ``fold["calibration"]`` when ``key`` is
+    None; folds without it are skipped.
+    """
+    rows = []
+    for name, folds in results.items():
+        for label, key in models:
+            owners = folds if key is None else [f[key] for f in folds if key in f]
+            cals = [o["calibration"] for o in owners if "calibration" in o]
+            if cals:
+                rows.append([
+                    name, label,
+                    format_mean_std([c["nll"] for c in cals], digits=3),
+                    format_mean_std([c["ece"] for c in cals], digits=4),
+                ])
+    return rows
+
+
 def markdown_table(header, rows):
     lines = [
         "| " + " | ".join(header) + " |",

@@ -55,6 +55,7 @@ from _common import (
     PAPER_TABLE1,
     Stopwatch,
     calibration,
+    calibration_rows,
     calibration_text,
     check_data_dir,
     command_line,
@@ -232,24 +233,6 @@ def _peer_cells(folds, key, field="error", digits=2, unit=""):
     return format_mean_std(values, digits=digits, unit=unit) if values else "-"
 
 
-def calibration_rows(results):
-    """Per data set: mean (std) NLL and ECE of ESS and of the peers."""
-    rows = []
-    for name, folds in results.items():
-        for label, cals in (
-            ("GP-ESS", [r["calibration"] for r in folds]),
-            ("CRF", [r["crf"]["calibration"] for r in folds if "crf" in r]),
-            ("LR", [r["logreg"]["calibration"] for r in folds if "logreg" in r]),
-        ):
-            if cals:
-                rows.append([
-                    name, label,
-                    format_mean_std([c["nll"] for c in cals], digits=3),
-                    format_mean_std([c["ece"] for c in cals], digits=4),
-                ])
-    return rows
-
-
 def main(argv=None):
     args = build_parser().parse_args(argv)
     if not 0.0 <= args.burn_in < 1.0:
@@ -322,7 +305,7 @@ def main(argv=None):
     print(markdown_table(
         ["data set", "model", "NLL of the true label (nats/token)",
          "ECE (top label)"],
-        calibration_rows(results),
+        calibration_rows(results, [("GP-ESS", None), ("CRF", "crf"), ("LR", "logreg")]),
     ))
     print()
     print("## Error % against iterations (running average; single sample)")

@@ -40,6 +40,7 @@ from _common import (
     MEASURED_TABLE1,
     PAPER_TABLE1,
     PROBE_BASENP,
+    calibration_rows,
     calibration_text,
     check_data_dir,
     command_line,
@@ -182,22 +183,6 @@ def run_fold(dataset, pool, folds, k, params, args, with_crf):
     return result
 
 
-def calibration_rows(results):
-    """Per data set and model, mean (std) of NLL and ECE over the folds."""
-    rows = []
-    for name, folds in results.items():
-        for key, label in (("gp", "GP"), ("crf", "CRF"), ("logreg", "LR")):
-            cals = [f[key]["calibration"] for f in folds
-                    if key in f and "calibration" in f[key]]
-            if cals:
-                rows.append([
-                    name, label,
-                    format_mean_std([c["nll"] for c in cals], digits=3),
-                    format_mean_std([c["ece"] for c in cals], digits=4),
-                ])
-    return rows
-
-
 def _cells(folds, with_crf):
     """Table cells of a list of fold results: the value for one fold, the
     mean (std) for several."""
@@ -286,7 +271,7 @@ def main(argv=None):
     print()
     print(markdown_table(
         ["data set", "model", "NLL of the true label (nats/token)", "ECE (top label)"],
-        calibration_rows(results),
+        calibration_rows(results, [("GP", "gp"), ("CRF", "crf"), ("LR", "logreg")]),
     ))
     print()
     print("## Quoted from BENCHMARK.md (not measured in this run)")

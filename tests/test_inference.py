@@ -259,22 +259,26 @@ def test_stacked_chunk_equals_the_per_sequence_loop(dense):
     for name in a:
         np.testing.assert_allclose(b[name], a[name], rtol=1e-10, atol=1e-12,
                                    err_msg=name)
-    # The stacked rows reproduce the per-sequence projection B_n.
-    projection = inducing.project(kernel, shared.inducing_state, X, offsets)
-    stacked_projection = inducing.stacked_projection(
-        shared.inducing_state, stacked.layout
-    )
+    # Both forms against B_n written from the dense X: the sequence's active
+    # features and the bias, scaled, and nothing outside its own tokens.
+    scales = shared.inducing_state
+    projection = inducing.project(kernel, scales, X_chunk, offsets)
+    stacked_projection = inducing.stacked_projection(scales, stacked.layout)
     B = stacked_projection.U.multiply(stacked_projection.scale[:, None]).toarray()
     start = 0
-    for n, (rows, B_n) in enumerate(
-        zip(projection.rows, projection.B, strict=True)
-    ):
+    for n in range(len(lengths)):
+        X_n = X[offsets[n] : offsets[n + 1]]
+        active = np.flatnonzero(np.any(X_n != 0, axis=0))
+        rows = np.append(active, n_features)
+        values = np.vstack([X_n[:, active].T, np.ones(len(X_n))])
+        expected = scales[rows][:, None] * values
+        np.testing.assert_array_equal(projection.rows[n], rows)
+        np.testing.assert_allclose(projection.B[n], expected)
         block = B[start : start + rows.size]
         np.testing.assert_array_equal(
             stacked_projection.rows[start : start + rows.size], rows
         )
-        np.testing.assert_allclose(block[:, offsets[n] : offsets[n + 1]], B_n)
-        # Nothing outside the sequence's own tokens.
+        np.testing.assert_allclose(block[:, offsets[n] : offsets[n + 1]], expected)
         outside = np.delete(block, np.arange(offsets[n], offsets[n + 1]), axis=1)
         assert not np.any(outside)
         start += rows.size
