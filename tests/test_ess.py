@@ -165,9 +165,15 @@ def test_same_seed_same_chain_and_different_seed_different_chain():
 
 
 def test_chain_does_not_depend_on_draw_block_size(monkeypatch):
+    # Blocks of prior draws consume the same random numbers whatever their
+    # size. The triangular product may round differently with the number of
+    # columns (OpenBLAS picks its kernels by size: 4e-16 seen on one
+    # machine), so the chains agree to rounding, not bit for bit.
     reference = run_small(3)
     monkeypatch.setattr(ess, "_DRAW_BLOCK", 7)
-    np.testing.assert_array_equal(reference.unary_samples, run_small(3).unary_samples)
+    np.testing.assert_allclose(
+        run_small(3).unary_samples, reference.unary_samples, rtol=1e-10, atol=1e-12
+    )
 
 
 # --------------------------------------------------------------------------
