@@ -36,7 +36,7 @@ from skgpstruct.inference.posterior import (
 )
 from skgpstruct.inference.terms import Chunk, SharedState, chunk_terms
 from skgpstruct.kernels import GroupedLinearKernel, LinearKernel, RBFKernel
-from skgpstruct.likelihoods import ChainCRF
+from skgpstruct.likelihoods import ChainCRF, Likelihood
 
 V, M = 3, 5
 
@@ -142,6 +142,7 @@ def _problem(
         ("linear", 2, True, True),
         ("grouped", 1, False, True),
         ("grouped", 1, False, False),
+        ("linear", 1, False, "compact"),
         ("grouped", 2, False, "compact"),
     ],
 )
@@ -209,24 +210,40 @@ def test_score_objective_gradient_matches_finite_differences(
             )
 
 
-@pytest.mark.parametrize("dense", [False, True])
-def test_stacked_chunk_equals_the_per_sequence_loop(dense):
-    # With a precomputed layout, inducing features evaluate a whole chunk as
-    # one sparse product; without one, sequence by sequence. Same samples,
-    # same values: an empty sequence, a feature repeated inside a sequence,
-    # a duplicated sparse entry and real-valued features included.
-    rng = np.random.default_rng(4)
-    n_features, K, S = 9, 2, 3
+class _RecordUnary(Likelihood):
+    """A likelihood that keeps the unary samples it is given (log p = 0)."""
+
+    has_gradient = True
+
+    def _log_prob(self, unary, pairwise, offsets, labels):
+        return np.zeros((unary.shape[0], len(offsets) - 1))
+
+    def _log_prob_and_gradient(self, unary, pairwise, offsets, labels):
+        self.unary = unary.copy()
+        S, _, n_labels = unary.shape
+        n_seq = len(offsets) - 1
+        return (
+            np.zeros((S, n_seq)), np.zeros_like(unary),
+            np.zeros((S, n_seq, n_labels, n_labels)),
+        )
+
+
+def _stacked_problem(dense, rng):
+    """A chunk of 4 sequences (one empty) on 9 real-valued sparse features.
+
+    Feature 2 is active at two tokens of the first sequence, and the sparse
+    form gives the entry (3, 5) as two parts that sum to 1.5.
+    """
+    n_features = 9
     lengths = [3, 0, 4, 1]
     X = rng.uniform(0.5, 2.0, size=(8, n_features)) * (
         rng.random(size=(8, n_features)) < 0.3
     )
-    X[0, 2] = X[2, 2] = 1.0  # feature 2 twice in the first sequence
+    X[0, 2] = X[2, 2] = 1.0
     if dense:
         X_chunk = X
     else:
         coo = sp.coo_matrix(X)
-        # The entry (3, 5) given as two parts that sum to 1.5.
         X_chunk = sp.csr_matrix(
             (
                 np.concatenate([coo.data, [1.0, 0.5]]),
@@ -236,53 +253,160 @@ def test_stacked_chunk_equals_the_per_sequence_loop(dense):
         )
         X[3, 5] += 1.5
     offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
-    labels = rng.integers(V, size=8)
-    inducing = InducingFeatures(n_features)
     kernel = GroupedLinearKernel(
         groups=np.arange(n_features) % 2, variance=[1.3, 0.4], bias=0.7
     )
-    params = _random_params(rng, K, False, M=inducing.n_inducing)
-    shared = SharedState(
-        inducing, inducing.prepare(kernel), kernel, params,
-        rng.normal(size=(S, V, V)), ChainCRF(), S, "pathwise",
-        need_kernel_gradient=True, residual_floor=1e-6,
-    )
-    seed = np.random.SeedSequence(3)
-    looped = Chunk(X_chunk, offsets, labels, seed)
-    stacked = Chunk(
-        X_chunk, offsets, labels, seed, layout=inducing.chunk_layout(X_chunk, offsets)
-    )
-    assert inducing.stacked_projection(shared.inducing_state, looped.layout) is None
-    a = chunk_terms(looped, shared, local=True)
-    b = chunk_terms(stacked, shared, local=True)
-    assert set(a) == set(b)
-    for name in a:
-        np.testing.assert_allclose(b[name], a[name], rtol=1e-10, atol=1e-12,
-                                   err_msg=name)
-    # Both forms against B_n written from the dense X: the sequence's active
-    # features and the bias, scaled, and nothing outside its own tokens.
-    scales = shared.inducing_state
-    projection = inducing.project(kernel, scales, X_chunk, offsets)
-    stacked_projection = inducing.stacked_projection(scales, stacked.layout)
-    B = stacked_projection.U.multiply(stacked_projection.scale[:, None]).toarray()
-    start = 0
-    for n in range(len(lengths)):
+    return X, X_chunk, offsets, kernel
+
+
+def _sequence_blocks(X, offsets, n_features):
+    """Per sequence: its active features and the bias, and their values."""
+    for n in range(len(offsets) - 1):
         X_n = X[offsets[n] : offsets[n + 1]]
         active = np.flatnonzero(np.any(X_n != 0, axis=0))
-        rows = np.append(active, n_features)
-        values = np.vstack([X_n[:, active].T, np.ones(len(X_n))])
+        yield (
+            np.append(active, n_features),
+            np.vstack([X_n[:, active].T, np.ones(len(X_n))]),
+        )
+
+
+@pytest.mark.parametrize("dense", [False, True])
+def test_stacked_projection_blocks_are_the_sequences_features(dense):
+    # Both the per-sequence and the stacked projections against B_n written
+    # from the dense X: the sequence's active features and the bias, scaled,
+    # and nothing outside its own tokens.
+    X, X_chunk, offsets, kernel = _stacked_problem(dense, np.random.default_rng(4))
+    inducing = InducingFeatures(X.shape[1])
+    scales = inducing.prepare(kernel)
+    layout = inducing.chunk_layout(X_chunk, offsets)
+    projection = inducing.project(kernel, scales, X_chunk, offsets)
+    stacked = inducing.stacked_projection(scales, layout)
+    assert inducing.stacked_projection(scales, None) is None
+    B = stacked.U.multiply(stacked.scale[:, None]).toarray()
+    start = 0
+    for n, (rows, values) in enumerate(_sequence_blocks(X, offsets, X.shape[1])):
         expected = scales[rows][:, None] * values
         np.testing.assert_array_equal(projection.rows[n], rows)
         np.testing.assert_allclose(projection.B[n], expected)
         block = B[start : start + rows.size]
-        np.testing.assert_array_equal(
-            stacked_projection.rows[start : start + rows.size], rows
-        )
+        np.testing.assert_array_equal(stacked.rows[start : start + rows.size], rows)
         np.testing.assert_allclose(block[:, offsets[n] : offsets[n + 1]], expected)
         outside = np.delete(block, np.arange(offsets[n], offsets[n + 1]), axis=1)
         assert not np.any(outside)
         start += rows.size
     assert start == B.shape[0]
+    # The split: a row is lone exactly when it is active at one token. The
+    # chunk's X on the inducing variables is U summed by row; the lone rows'
+    # squared entries sit at their token and inducing variable.
+    U = stacked.U.toarray()
+    active = np.count_nonzero(U, axis=1)
+    split = stacked.split
+    lone = np.flatnonzero(active == 1)
+    np.testing.assert_array_equal(split.drawn, np.flatnonzero(active != 1))
+    np.testing.assert_array_equal(split.drawn_rows, stacked.rows[split.drawn])
+    np.testing.assert_allclose(split.U_drawn.toarray(), U[split.drawn])
+    n_space = inducing.n_inducing
+    X_space = np.zeros((U.shape[1], n_space))
+    lone_squares = np.zeros((U.shape[1], n_space))
+    for r in range(U.shape[0]):
+        X_space[:, stacked.rows[r]] += U[r]
+        if r in lone:
+            lone_squares[:, stacked.rows[r]] += U[r] ** 2
+    np.testing.assert_allclose(split.X.toarray(), X_space)
+    np.testing.assert_allclose(X_space, np.hstack([X, np.ones((len(X), 1))]))
+    np.testing.assert_allclose(split.lone_squares.toarray(), lone_squares)
+    gather = np.zeros((n_space, split.drawn.size))
+    gather[split.drawn_rows, np.arange(split.drawn.size)] = 1
+    np.testing.assert_array_equal(split.drawn_gather.toarray(), gather)
+    assert lone.size > 0 and split.drawn.size > 0  # both kinds present
+
+
+@pytest.mark.parametrize("dense", [False, True])
+def test_stacked_samples_have_each_sequence_s_gaussian(dense):
+    # The stacked form samples the lone rows through one draw per token;
+    # the potentials of every sequence must still have the Gaussian of
+    # eq. 18-19, mean B_n^T m and covariance B_n^T diag(s^2) B_n + floor I,
+    # including the covariance between tokens that share a feature or the
+    # bias. Compared on 40,000 samples (standard error of a covariance
+    # entry about 1 % of the variances here).
+    rng = np.random.default_rng(4)
+    X, X_chunk, offsets, kernel = _stacked_problem(dense, rng)
+    inducing = InducingFeatures(X.shape[1])
+    params = _random_params(rng, 1, False, M=inducing.n_inducing)
+    params.q_sqrt[:] = rng.uniform(0.8, 1.5, size=params.q_sqrt.shape)
+    S, floor = 40_000, 1e-6
+    recorder = _RecordUnary()
+    shared = SharedState(
+        inducing, inducing.prepare(kernel), kernel, params,
+        np.zeros((S, V, V)), recorder, S, "pathwise",
+        need_kernel_gradient=False, residual_floor=floor,
+    )
+    chunk = Chunk(
+        X_chunk, offsets, np.zeros(8, np.int64), np.random.SeedSequence(3),
+        layout=inducing.chunk_layout(X_chunk, offsets),
+    )
+    chunk_terms(chunk, shared)
+    f = recorder.unary  # (S, n_tokens, V)
+    scales = shared.inducing_state
+    for n, (rows, values) in enumerate(_sequence_blocks(X, offsets, X.shape[1])):
+        t0, t1 = offsets[n], offsets[n + 1]
+        if t1 == t0:
+            continue
+        B_n = scales[rows][:, None] * values
+        for j in range(V):
+            mean = B_n.T @ params.q_mu[0, j, rows]
+            cov = B_n.T @ (params.q_sqrt[0, j, rows, None] ** 2 * B_n)
+            cov += floor * np.eye(t1 - t0)
+            samples = f[:, t0:t1, j]
+            sd = np.sqrt(np.diag(cov))
+            np.testing.assert_allclose(
+                samples.mean(axis=0), mean, atol=4 * sd.max() / np.sqrt(S)
+            )
+            np.testing.assert_allclose(
+                np.cov(samples, rowvar=False).reshape(cov.shape), cov,
+                atol=0.05 * cov.diagonal().max(),
+            )
+    # Tokens of a sequence are correlated (the bias row at least).
+    first = f[:, offsets[0] : offsets[1], 0]
+    assert np.corrcoef(first, rowvar=False)[0, 1] > 0.05
+
+
+def test_stacked_chunk_agrees_with_the_per_sequence_loop_in_expectation():
+    # The stacked form and the per-sequence loop sample the same
+    # distribution with different random numbers: their ELL estimates and
+    # gradients agree up to Monte Carlo error (4 standard errors of the
+    # difference, measured over independent keys).
+    rng = np.random.default_rng(4)
+    X, X_chunk, offsets, kernel = _stacked_problem(False, rng)
+    inducing = InducingFeatures(X.shape[1])
+    params = _random_params(rng, 2, False, M=inducing.n_inducing)
+    labels = rng.integers(V, size=8)
+    S = 2000
+    seed = np.random.SeedSequence(3)
+    looped = Chunk(X_chunk, offsets, labels, seed)
+    stacked = Chunk(
+        X_chunk, offsets, labels, seed, layout=inducing.chunk_layout(X_chunk, offsets)
+    )
+    names = ["ell", "q_mu", "q_sqrt", "weights", "inducing_state", "theta"]
+    draws = {"looped": [], "stacked": []}
+    for key in range(1, 9):
+        shared = SharedState(
+            inducing, inducing.prepare(kernel), kernel, params,
+            np.random.default_rng(key).normal(size=(S, V, V)), ChainCRF(), S,
+            "pathwise", need_kernel_gradient=True, residual_floor=1e-6,
+            iteration_key=key,
+        )
+        for name, chunk in (("looped", looped), ("stacked", stacked)):
+            out = chunk_terms(chunk, shared)
+            draws[name].append(np.concatenate([np.ravel(out[k]) for k in names]))
+    a, b = np.array(draws["looped"]), np.array(draws["stacked"])
+    standard_error = np.sqrt((a.var(axis=0) + b.var(axis=0)) / len(a))
+    difference = np.abs(a.mean(axis=0) - b.mean(axis=0))
+    assert np.all(difference <= 4 * standard_error + 1e-9)
+    # Not vacuous: the estimates move between keys, and agree far better
+    # than the gradient's own size.
+    assert np.all(standard_error[:1] > 0)
+    assert np.linalg.norm(difference) < 0.05 * np.linalg.norm(a.mean(axis=0))
 
 
 @pytest.mark.parametrize("estimator", ["pathwise", "score"])
@@ -291,6 +415,8 @@ def test_compact_chunks_give_the_full_layout_s_elbo(estimator):
     # ELBO and gradient of the same chunk laid out on all features.
     kw = dict(K=2, features=True, estimator=estimator, S=4, n_features=40)
     full_objective, _, x0 = _problem("grouped", **kw)
+    for chunk in full_objective.chunks:  # the stacked form, on all features
+        chunk.layout = full_objective.inducing.chunk_layout(chunk.X, chunk.offsets)
     compact_objective, _, _ = _problem("grouped", compact=True, **kw)
     supports = [
         compact_objective.inducing.support(c.layout) for c in compact_objective.chunks

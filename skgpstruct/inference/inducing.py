@@ -13,6 +13,7 @@ __all__ = [
     "select_inducing_points",
     "Projection",
     "StackedProjection",
+    "RowSplit",
     "FeatureLayout",
     "InducingPoints",
     "InducingFeatures",
@@ -120,23 +121,34 @@ class StackedProjection:
 
     Row ``r`` of the stack is inducing variable ``rows[r]`` as seen by the
     sequence that owns the row, so that every sequence keeps its own draw of
-    the inducing variables; ``B = diag(scale) U`` with ``U`` sparse (only the
+    the inducing variables: ``B = diag(scale) U`` with ``U`` sparse (only the
     feature activations and a bias row per sequence), and the unary
-    potentials of the whole chunk are one product,
-    ``f = U^T (scale * v)`` for draws ``v`` of shape (n_rows, n_columns).
-    The gradient with respect to ``v`` is ``scale * U g``, and with respect
-    to ``scale[r]`` it is ``sum_c v[r, c] (U g)[r, c]``.
+    potentials of the whole chunk are ``f = U^T (scale * v)`` for draws
+    ``v = m + s * eps`` of every row.
+
+    The pathwise estimator never forms that product over all rows (see
+    :class:`RowSplit`): the means need no per-sequence copy
+    (``U^T (scale * m[rows]) = X (scales * m)`` on the chunk's own tokens),
+    and most rows are active at a single token of their sequence (a word
+    seen once in it). Such a *lone* row's draw reaches that token only,
+    independently of every other row, so the sum of a token's lone rows is
+    one Gaussian per token, label and sample, of variance
+    ``sum_r u_r^2 scale_r^2 s_r^2``; it is sampled as one draw (the local
+    reparameterisation of Kingma, Salimans and Welling, 2015). Only the
+    other rows, the *drawn* ones (the bias, and features repeated within a
+    sequence), are drawn one by one. The joint distribution of every
+    sequence's potentials is the same as with one draw per row.
 
     Attributes
     ----------
     rows : ndarray of int64 of shape (n_rows,)
+        The inducing variable of every stacked row.
     scale : ndarray of shape (n_rows,)
+        ``scales[rows]``.
     U : CSR matrix of shape (n_rows, n_tokens)
-    gather : CSR matrix of shape (n_inducing, n_rows)
-        Ones at ``(rows[r], r)``: sums per-row values into the inducing
-        variables.
-    row_counts : list of int
-        Rows of every sequence, in order.
+    scales : ndarray of shape (n_inducing,)
+        The feature scales of the inducing variables.
+    split : RowSplit
 
     The conditional ``p(f | u)`` is exact: there is no residual variance.
     """
@@ -144,17 +156,70 @@ class StackedProjection:
     rows: np.ndarray
     scale: np.ndarray
     U: sp.csr_matrix
-    gather: sp.csr_matrix
-    row_counts: list
+    scales: np.ndarray
+    split: "RowSplit"
 
-    @property
-    def n_rows(self):
-        return self.rows.shape[0]
 
-    def sum_rows(self, values):
-        """Per-row values (n_rows, ...) summed into (n_inducing, ...)."""
-        flat = values.reshape(self.n_rows, -1)
-        return (self.gather @ flat).reshape((self.gather.shape[0],) + values.shape[1:])
+@dataclass
+class RowSplit:
+    """The stacked rows by how many tokens they are active at.
+
+    Attributes
+    ----------
+    X : CSR matrix of shape (n_tokens, n_inducing)
+        The chunk's tokens on the inducing variables (their features and
+        the bias): ``U`` with every row summed into its inducing variable,
+        transposed.
+    lone_squares : CSR matrix of shape (n_tokens, n_inducing)
+        The squared entries of the lone rows (active at exactly one token),
+        at that token and the row's inducing variable.
+    drawn : ndarray of int64
+        The other rows (active at no token or at several).
+    drawn_rows : ndarray of int64
+        Their inducing variables.
+    U_drawn : CSR matrix of shape (drawn.size, n_tokens)
+        Their rows of ``U``.
+    drawn_gather : CSR matrix of shape (n_inducing, drawn.size)
+        Ones at ``(drawn_rows[i], i)``: sums per-row values into the
+        inducing variables.
+    """
+
+    X: sp.csr_matrix
+    lone_squares: sp.csr_matrix
+    drawn: np.ndarray
+    drawn_rows: np.ndarray
+    U_drawn: sp.csr_matrix
+    drawn_gather: sp.csr_matrix
+
+    @classmethod
+    def of(cls, U, rows, n_inducing):
+        """Split the stacked rows of ``U`` (CSR, rows x tokens).
+
+        ``rows[r]`` is the inducing variable of stacked row ``r``; a
+        sequence holds one row per inducing variable, so no two lone rows
+        share a token and an inducing variable.
+        """
+        U = sp.csr_matrix(U, copy=True)
+        U.sum_duplicates()
+        n_tokens = U.shape[1]
+        coo = U.tocoo()
+        X = sp.csr_matrix(
+            (coo.data, (coo.col, rows[coo.row])), shape=(n_tokens, n_inducing)
+        )
+        per_row = np.diff(U.indptr)
+        lone = np.flatnonzero(per_row == 1)
+        entry = U.indptr[lone]
+        lone_squares = sp.csr_matrix(
+            (U.data[entry] ** 2, (U.indices[entry], rows[lone])),
+            shape=(n_tokens, n_inducing),
+        )
+        drawn = np.flatnonzero(per_row != 1).astype(np.int64)
+        drawn_rows = rows[drawn].astype(np.int64)
+        drawn_gather = sp.csr_matrix(
+            (np.ones(drawn.size), (drawn_rows, np.arange(drawn.size))),
+            shape=(n_inducing, drawn.size),
+        )
+        return cls(X, lone_squares, drawn, drawn_rows, U[drawn], drawn_gather)
 
 
 @dataclass
@@ -172,10 +237,13 @@ class FeatureLayout:
     row_starts : ndarray of int64 of shape (n_sequences + 1,)
         Sequence ``n`` owns the stacked rows ``row_starts[n]`` to
         ``row_starts[n + 1]`` (its active features, then its bias).
-    stacked_rows, U, gather
-        The stacked form (``rows`` concatenated, and the matrices of
-        :class:`StackedProjection`). ``U`` holds each sequence's block: a
-        chunk cached by a worker costs about twice its ``X``.
+    stacked_rows, U
+        The stacked form (``rows`` concatenated, and the block-diagonal
+        matrix of :class:`StackedProjection`, each sequence's block).
+    split : RowSplit
+        What the pathwise estimator evaluates the stacked form with. With
+        ``U`` and ``split`` a chunk cached by a worker costs about four
+        times its ``X``.
     """
 
     rows: list
@@ -183,7 +251,7 @@ class FeatureLayout:
     row_starts: np.ndarray
     stacked_rows: np.ndarray
     U: sp.csr_matrix
-    gather: sp.csr_matrix
+    split: RowSplit
 
 
 class InducingPoints:
@@ -346,13 +414,10 @@ class InducingFeatures:
         U = sp.csr_matrix((values, coords), shape=(n_stacked, n_tokens))
         all_rows = np.concatenate(rows) if rows else np.zeros(0, np.int64)
         n_space = self.n_inducing if support is None else support.size
-        gather = sp.csr_matrix(
-            (np.ones(n_stacked), (all_rows, np.arange(n_stacked))),
-            shape=(n_space, n_stacked),
-        )
         row_starts = np.concatenate([[0], np.cumsum([r.size for r in rows])])
         return FeatureLayout(
-            rows, support, row_starts.astype(np.int64), all_rows, U, gather
+            rows, support, row_starts.astype(np.int64), all_rows, U,
+            RowSplit.of(U, all_rows, n_space),
         )
 
     @staticmethod
@@ -370,14 +435,11 @@ class InducingFeatures:
         if layout is None:
             return None
         rows = layout.stacked_rows
-        return StackedProjection(
-            rows, scales[rows], layout.U, layout.gather,
-            np.diff(layout.row_starts).tolist(),
-        )
+        return StackedProjection(rows, scales[rows], layout.U, scales, layout.split)
 
-    def stacked_backward(self, kernel, stacked, d_scale):
-        """(d scales, d theta) from the gradient w.r.t. ``stacked.scale``."""
-        return stacked.sum_rows(d_scale), np.zeros(kernel.n_dims)
+    def stacked_backward(self, kernel, stacked, d_scales):
+        """(d scales, d theta) from the gradient w.r.t. ``stacked.scales``."""
+        return d_scales, np.zeros(kernel.n_dims)
 
     @staticmethod
     def restrict_state(scales, support):

@@ -181,10 +181,10 @@ def chunk_terms(chunk, shared, local=False):
     stacked = _stacked(shared, chunk)
     if stacked is not None and shared.estimator == "pathwise":
         cache = chunk.noise_cache if shared.iteration_key == 0 else None
-        out, d_scale = _pathwise_stacked(chunk, shared, stacked, rng, cache, local)
+        out, d_scales = _pathwise_stacked(chunk, shared, stacked, rng, cache, local)
         if shared.need_kernel_gradient:
             out["inducing_state"], out["theta"] = shared.inducing.stacked_backward(
-                shared.kernel, stacked, d_scale
+                shared.kernel, stacked, d_scales
             )
         else:
             out["inducing_state"], out["theta"] = None, None
@@ -379,7 +379,9 @@ def expand_local(chunk, shared, local, iteration_key):
     chunk : Chunk
     shared : SharedState
         The current kernel and inducing state give the projection ``B``;
-        ``shared.params`` only its shapes.
+        ``shared.params`` its shapes and, in the stacked form, the current
+        standard deviation of each token's lone rows (the derivative of the
+        sampled potential with respect to ``q_sqrt`` depends on it there).
     local : ndarray of shape (K, S, n_tokens, V)
         The token-space gradient returned by ``chunk_terms(..., local=True)``.
     iteration_key : int
@@ -394,10 +396,14 @@ def expand_local(chunk, shared, local, iteration_key):
     params = shared.params
     stacked = _stacked(shared, chunk)
     if stacked is not None:
-        rng = _chunk_rng(chunk, iteration_key)
-        eps = _stacked_noise(params, stacked, local.shape[1], rng)
+        _, S, T, _ = local.shape
+        eps, xi = _stacked_noise(
+            params, stacked, S, _chunk_rng(chunk, iteration_key), T
+        )
+        state = _stacked_state(params, stacked, shared.residual_floor)
         return _stacked_inducing_gradient(
-            stacked, *_stacked_backward(stacked, local, eps)
+            state, *_stacked_backward(stacked, state, local, eps, xi),
+            params.q_mu.shape,
         )
     projection = shared.inducing.project(
         shared.kernel, shared.inducing_state, chunk.X, chunk.offsets, chunk.layout
@@ -478,60 +484,100 @@ def _pathwise_summary(shared, log_p, g_pair):
     }
 
 
-def _stacked_noise(params, stacked, S, rng, n_tokens=None):
-    """Inducing noise of the stacked rows, (n_rows, K, V, S).
+def _stacked_noise(params, stacked, S, rng, n_tokens):
+    """Base samples of the stacked form.
 
-    The same numbers as :func:`_inducing_noise` for the same generator state
-    (the per-sequence pieces, reordered). With ``n_tokens``, also returns
-    the residual noise ``xi`` (K, S, n_tokens, V) drawn after it, as
-    :func:`sample_unary` does.
+    Returns ``eps`` (n_drawn, K * V, S), the noise of the drawn rows, and
+    ``xi`` (K, S, n_tokens, V), the noise of every token's lone rows and
+    residual floor (see :class:`~skgpstruct.inference.inducing.StackedProjection`).
     """
     K, V, _ = params.q_mu.shape
-    pieces, _ = _inducing_noise(params, stacked.row_counts, S, rng)
-    eps = np.concatenate([p.transpose(2, 0, 1, 3) for p in pieces], axis=0)
-    if n_tokens is None:
-        return eps
+    eps = rng.standard_normal((stacked.split.drawn.size, K * V, S))
     return eps, rng.standard_normal((K, S, n_tokens, V))
 
 
-def _stacked_rows(params, stacked):
-    """q_mu and q_sqrt of every stacked row, each (n_rows, K, V)."""
-    rows = stacked.rows
-    return (
-        params.q_mu[:, :, rows].transpose(2, 0, 1),
-        params.q_sqrt[:, :, rows].transpose(2, 0, 1),
-    )
+@dataclass
+class _StackedForward:
+    """What the backward pass of the stacked form needs from the forward one.
+
+    ``mean`` and ``sd``: q_mu and q_sqrt as (n_inducing, K * V); ``c`` the
+    feature scales (n_inducing, 1); ``token_sd`` (n_tokens, K * V) the
+    standard deviation of each token's lone rows (with the residual floor).
+    """
+
+    mean: np.ndarray
+    sd: np.ndarray
+    c: np.ndarray
+    token_sd: np.ndarray
 
 
-def _stacked_backward(stacked, g_unary, eps):
-    """Row sums of ``U g`` from the token gradient g (K, S, T, V).
+def _stacked_state(params, stacked, residual_floor):
+    """The parameters as (n_inducing, K * V) and each token's lone-row spread."""
+    K, V, M = params.q_mu.shape
+    mean = params.q_mu.transpose(2, 0, 1).reshape(M, K * V)
+    sd = params.q_sqrt.transpose(2, 0, 1).reshape(M, K * V)
+    c = stacked.scales[:, None]
+    variance = stacked.split.lone_squares @ (c * sd) ** 2 + residual_floor
+    return _StackedForward(mean, sd, c, np.sqrt(variance))
 
-    With ``d v = scale * U g`` for the draws ``v = m + s * eps`` of every
-    stacked row, returns ``sum_s (U g)`` and ``sum_s eps (U g)``, each
-    (n_rows, K, V): every gradient of the inducing side follows from them.
+
+def _stacked_unary(stacked, state, eps, xi):
+    """Unary samples (K, S, n_tokens, V), C-ordered.
+
+    ``f = X (c * m) + U_drawn^T (c * s * eps)[drawn] + token_sd * xi``.
+    """
+    K, S, T, V = xi.shape
+    split = stacked.split
+    f_mean = split.X @ (state.c * state.mean)  # (T, K * V)
+    drawn_sd = (state.c * state.sd)[split.drawn_rows]  # (n_drawn, K * V)
+    f_drawn = split.U_drawn.T @ (drawn_sd[..., None] * eps).reshape(-1, K * V * S)
+    f = f_drawn.reshape(T, K, V, S) + f_mean.reshape(T, K, V, 1)
+    unary = state.token_sd.reshape(T, K, V).transpose(1, 0, 2)[:, None] * xi
+    unary += f.transpose(1, 3, 0, 2)
+    return unary
+
+
+def _stacked_backward(stacked, state, g_unary, eps, xi):
+    """Gradients of the stacked form from the token gradient g (K, S, T, V).
+
+    Returns ``d_cm`` and ``d_cs``, each (n_inducing, K * V): the derivatives
+    with respect to ``c * q_mu`` and ``c * q_sqrt``. The means give
+    ``X^T sum_s g``; a drawn row adds ``sum_s eps (U g)``, a lone row ``r``
+    at token ``t`` its share of that token's spread,
+    ``u_r^2 (c s)_r / token_sd[t] * sum_s g xi``.
     """
     K, S, T, V = g_unary.shape
+    split = stacked.split
+    g_mean = g_unary.sum(axis=1).transpose(1, 0, 2).reshape(T, K * V)
+    d_cm = split.X.T @ g_mean
+    g_xi = np.einsum("kstv,kstv->tkv", g_unary, xi).reshape(T, K * V)
+    g_xi = np.divide(
+        g_xi, state.token_sd, out=np.zeros_like(g_xi), where=state.token_sd > 0
+    )
+    d_cs = (split.lone_squares.T @ g_xi) * (state.c * state.sd)
     g = g_unary.transpose(2, 0, 3, 1).reshape(T, K * V * S)  # columns (k, j, s)
-    u_g = (stacked.U @ g).reshape(-1, S)
-    sum_g = (u_g @ np.ones(S)).reshape(-1, K, V)
-    sum_g_eps = np.einsum("is,is->i", u_g, eps.reshape(-1, S)).reshape(-1, K, V)
-    return sum_g, sum_g_eps
+    u_g = (split.U_drawn @ g).reshape(eps.shape)
+    d_cs += split.drawn_gather @ np.einsum("iks,iks->ik", u_g, eps)
+    return d_cm, d_cs
 
 
-def _stacked_inducing_gradient(stacked, sum_g, sum_g_eps):
-    """q_mu and q_sqrt gradients (K, V, n_inducing) from :func:`_stacked_backward`."""
-    scale = stacked.scale[:, None, None]
-    grad_mu = stacked.sum_rows(scale * sum_g).transpose(1, 2, 0)
-    grad_sqrt = stacked.sum_rows(scale * sum_g_eps).transpose(1, 2, 0)
+def _stacked_inducing_gradient(state, d_cm, d_cs, shape):
+    """q_mu and q_sqrt gradients of ``shape`` (K, V, n_inducing)."""
+    K, V, M = shape
+    grad_mu = (state.c * d_cm).reshape(M, K, V).transpose(1, 2, 0)
+    grad_sqrt = (state.c * d_cs).reshape(M, K, V).transpose(1, 2, 0)
     return np.ascontiguousarray(grad_mu), np.ascontiguousarray(grad_sqrt)
 
 
 def _pathwise_stacked(chunk, shared, stacked, rng, cache=None, local=False):
-    """:func:`_pathwise` with all the chunk's sequences in one sparse product.
+    """:func:`_pathwise` with all the chunk's sequences in a few sparse products.
 
-    Same samples and values as the per-sequence loop (up to rounding) for a
-    :class:`~skgpstruct.inference.inducing.StackedProjection`; returns the
-    output dict and the gradient with respect to ``stacked.scale``.
+    The same distribution of the unary potentials as the per-sequence loop
+    (every sequence its own draw of the inducing variables), sampled with
+    fewer random numbers: the lone rows of
+    :class:`~skgpstruct.inference.inducing.StackedProjection` through one
+    draw per token. Returns the output dict and the gradient with respect
+    to ``stacked.scales``.
     """
     params = shared.params
     K, V, _ = params.q_mu.shape
@@ -544,31 +590,27 @@ def _pathwise_stacked(chunk, shared, stacked, rng, cache=None, local=False):
         eps, xi = _stacked_noise(params, stacked, S, rng, T)
         if cache is not None and eps.nbytes + xi.nbytes <= NOISE_CACHE_BYTES:
             cache[key] = (eps, xi)
-    # f = U^T (scale * (m + s * eps)): the mean part once for all samples.
-    mean, sd = _stacked_rows(params, stacked)
-    scale = stacked.scale[:, None, None]
-    f_mean = stacked.U.T @ (scale * mean).reshape(-1, K * V)
-    f_noise = stacked.U.T @ ((scale * sd)[..., None] * eps).reshape(-1, K * V * S)
-    f = f_noise.reshape(T, K, V, S) + f_mean.reshape(T, K, V, 1)
-    # No residual variance: only the floor's noise is added.
-    unary = f.transpose(1, 3, 0, 2) + np.sqrt(shared.residual_floor) * xi
+    state = _stacked_state(params, stacked, shared.residual_floor)
+    unary = _stacked_unary(stacked, state, eps, xi)
     pairwise = _tile_pairwise(params, shared.pairwise_noise, K)
     log_p, g_unary, g_pair = shared.likelihood.log_prob_and_gradient(
         unary.reshape(K * S, T, V), pairwise, offsets, chunk.labels
     )
     log_p = log_p.reshape(K, S, chunk.n_sequences)
     g_unary = g_unary.reshape(K, S, T, V) * (params.weights / S)[:, None, None, None]
-    sum_g, sum_g_eps = _stacked_backward(stacked, g_unary, eps)
-    grad_mu, grad_sqrt = _stacked_inducing_gradient(stacked, sum_g, sum_g_eps)
-    # d scale[r] = sum_c v[r, c] (U g)[r, c]
-    d_scale = np.einsum("rkv,rkv->r", mean, sum_g) + np.einsum(
-        "rkv,rkv->r", sd, sum_g_eps
+    d_cm, d_cs = _stacked_backward(stacked, state, g_unary, eps, xi)
+    grad_mu, grad_sqrt = _stacked_inducing_gradient(
+        state, d_cm, d_cs, params.q_mu.shape
+    )
+    # d c = m . d_cm + s . d_cs, per inducing variable
+    d_scales = np.einsum("mc,mc->m", state.mean, d_cm) + np.einsum(
+        "mc,mc->m", state.sd, d_cs
     )
     out = _pathwise_summary(shared, log_p, g_pair)
     out["q_mu"], out["q_sqrt"] = grad_mu, grad_sqrt
     if local:
         out["local"] = g_unary
-    return out, d_scale
+    return out, d_scales
 
 
 def _sequence_marginal(params, rows, B_n, residual_sd_n):
