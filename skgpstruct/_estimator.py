@@ -140,7 +140,7 @@ class GPStructClassifier(BaseEstimator):
         likelihood's gradient) or the score-function estimator with control
         variates (needs only ``log p(y | f)``).
     optimizer : {"lbfgs", "stochastic"}, default="lbfgs"
-        ``"lbfgs"``: L-BFGS-B on the fixed-sample objective (batch mode).
+        ``"lbfgs"``: L-BFGS on the fixed-sample objective (batch mode).
         ``"stochastic"``: SAGA over mini-batches of ``batch_size`` sequences
         with fresh Monte Carlo samples at every step (the stored gradient of
         every mini-batch and their running sum are updated incrementally),

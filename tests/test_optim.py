@@ -2,9 +2,12 @@
 
 import numpy as np
 import pytest
+from scipy.optimize import rosen, rosen_der
 
-from skgpstruct.optim import minimize_lbfgs
+from skgpstruct.optim import lbfgs as lbfgs_module
+from skgpstruct.optim import minimize_lbfgs, minimize_lbfgs_rounds
 from skgpstruct.optim.box import SmoothBox, bound_arrays
+from skgpstruct.optim.lbfgs import _CompactMemory
 
 # One coordinate of every kind: both bounds, lower only, upper only, none.
 BOUNDS = [(-2.0, 3.0), (0.5, None), (None, -1.0), (None, None)]
@@ -106,3 +109,311 @@ def test_minimize_lbfgs_without_bounds_finds_the_exact_optimum():
     result = minimize_lbfgs(value_and_grad, np.zeros(6), max_iter=200, tol=1e-12)
     np.testing.assert_allclose(result.x, np.linalg.solve(A, b), atol=1e-6)
     assert result.converged
+
+
+# --------------------------------------------------------------------------- #
+# The L-BFGS itself, against independent references
+
+
+def _maximise(fun, jac):
+    """``value_and_grad`` maximising ``-fun``, counting the points evaluated."""
+    points = []
+
+    def value_and_grad(x):
+        points.append(np.array(x))
+        return -fun(x), -np.asarray(jac(x))
+
+    return value_and_grad, points
+
+
+def _two_loop(pairs, g):
+    """Textbook two-loop recursion (Nocedal and Wright, Algorithm 7.4): H g."""
+    q = np.array(g, dtype=np.float64)
+    alphas = []
+    for s, y in reversed(pairs):
+        alpha = (s @ q) / (s @ y)
+        q -= alpha * y
+        alphas.append(alpha)
+    s, y = pairs[-1]
+    r = (s @ y) / (y @ y) * q
+    for (s, y), alpha in zip(pairs, reversed(alphas), strict=True):
+        beta = (y @ r) / (s @ y)
+        r += (alpha - beta) * s
+    return r
+
+
+def _spd(n, seed):
+    rng = np.random.default_rng(seed)
+    A = rng.normal(size=(n, n))
+    return A @ A.T / n + 0.1 * np.eye(n), rng.normal(size=n)
+
+
+def test_minimize_lbfgs_reaches_the_minimiser_of_a_convex_quadratic():
+    A, b = _spd(50, 3)
+    value_and_grad, _ = _maximise(lambda x: 0.5 * x @ A @ x - b @ x,
+                                  lambda x: A @ x - b)
+    result = minimize_lbfgs(value_and_grad, np.zeros(50), max_iter=1000, tol=1e-14)
+    np.testing.assert_allclose(result.x, np.linalg.solve(A, b), atol=1e-6)
+    assert result.converged and "CONVERGENCE" in result.message
+    assert len(result.history) == result.n_iter
+    # No iteration worsens the objective, and x is the best point.
+    assert np.all(np.diff(result.history) >= 0)
+    assert result.value == pytest.approx(result.history[-1])
+
+
+@pytest.mark.parametrize("n", [2, 10])
+def test_minimize_lbfgs_finds_the_rosenbrock_minimum(n):
+    value_and_grad, _ = _maximise(rosen, rosen_der)
+    x0 = np.array([-1.2, 1.0]) if n == 2 else np.full(n, -1.2)
+    result = minimize_lbfgs(value_and_grad, x0, max_iter=500, tol=1e-14)
+    np.testing.assert_allclose(result.x, np.ones(n), atol=1e-5)
+    assert result.converged and result.n_iter < 500
+    assert result.value == pytest.approx(0.0, abs=1e-10)
+
+
+def test_compact_direction_equals_the_two_loop_recursion():
+    # Random pairs with positive curvature (y = B s, B SPD), more of them
+    # than the memory keeps, so that the ring buffer wraps around.
+    n, m = 30, 5
+    B, _ = _spd(n, 4)
+    rng = np.random.default_rng(5)
+    memory = _CompactMemory(n, m)
+    pairs = []
+    for k in range(12):
+        s = rng.normal(size=n) * rng.uniform(0.1, 3.0)
+        y = B @ s + 0.01 * rng.normal(size=n)
+        assert s @ y > 0
+        assert memory.push(s, y)
+        pairs.append((s, y))
+        assert len(memory) == min(k + 1, m)
+        g = rng.normal(size=n)
+        expected = _two_loop(pairs[-m:], g)
+        np.testing.assert_allclose(
+            memory.inverse_hessian_times(g), expected, rtol=1e-10, atol=1e-12
+        )
+        out = np.empty(n)
+        result = memory.inverse_hessian_times(g, scale=-1.0, out=out)
+        assert result is out
+        np.testing.assert_allclose(out, -expected, rtol=1e-10, atol=1e-12)
+    # An empty memory is the identity.
+    memory.reset()
+    np.testing.assert_array_equal(memory.inverse_hessian_times(g), g)
+
+
+def _orthogonal(s, r):
+    """A vector orthogonal to ``s``, 1000 times longer (so that the rounding
+    error of ``s^T y``, about ``eps |s| |y|``, is far below ``eps y^T y``)."""
+    y = r - (s @ r) / (s @ s) * s
+    return 1e3 * np.linalg.norm(s) / np.linalg.norm(y) * y
+
+
+@pytest.mark.parametrize(
+    "bad_y",
+    [
+        lambda s, r: r - ((s @ r) / (s @ s) + 1.0) * s,  # s^T y = -s^T s
+        _orthogonal,  # s^T y = 0
+        # 0 < s^T y = (eps / 2) y^T y: below L-BFGS-B's threshold.
+        lambda s, r: _orthogonal(s, r) + 0.5 * np.finfo(float).eps
+        * (_orthogonal(s, r) @ _orthogonal(s, r)) / (s @ s) * s,
+        lambda s, r: np.full_like(r, np.nan),
+    ],
+    ids=["negative", "zero", "below-eps", "nan"],
+)
+def test_a_pair_without_enough_curvature_is_not_stored(bad_y):
+    n = 8
+    rng = np.random.default_rng(6)
+    memory = _CompactMemory(n, 3)
+    kept = []
+    for _ in range(2):
+        s = rng.normal(size=n)
+        y = s + 0.1 * rng.normal(size=n)
+        assert memory.push(s, y)
+        kept.append((s, y))
+    g = rng.normal(size=n)
+    before = memory.inverse_hessian_times(g)
+    s = rng.normal(size=n)
+    y = bad_y(s, rng.normal(size=n))
+    assert not (s @ y > np.finfo(float).eps * (y @ y))  # the case is as named
+    assert not memory.push(s, y)
+    assert len(memory) == 2
+    np.testing.assert_array_equal(memory.inverse_hessian_times(g), before)
+    np.testing.assert_allclose(before, _two_loop(kept, g), rtol=1e-10)
+
+
+def test_max_iter_reached_is_not_convergence():
+    value_and_grad, _ = _maximise(rosen, rosen_der)
+    result = minimize_lbfgs(value_and_grad, np.full(10, -1.2), max_iter=7, tol=1e-14)
+    assert not result.converged
+    assert "ITERATIONS REACHED LIMIT" in result.message
+    assert result.n_iter == 7 and len(result.history) == 7
+
+
+def test_callback_once_per_iteration_with_the_point_in_the_box():
+    calls = []
+    value_and_grad, _ = _maximise(rosen, rosen_der)
+    result = minimize_lbfgs(
+        value_and_grad, np.array([-1.2, 1.0]), bounds=[(-2.0, 2.0), (None, None)],
+        max_iter=300, tol=1e-12,
+        callback=lambda i, value, x: calls.append((i, value, x.copy())),
+    )
+    assert [i for i, _, _ in calls] == list(range(1, result.n_iter + 1))
+    assert [v for _, v, _ in calls] == result.history
+    for _, value, x in calls:
+        assert -2.0 < x[0] < 2.0
+        assert value == pytest.approx(-rosen(x), rel=1e-12, abs=1e-300)
+    np.testing.assert_array_equal(calls[-1][2], result.x)
+
+
+def test_minimize_lbfgs_is_deterministic():
+    A, b = _spd(20, 7)
+    runs = []
+    for _ in range(2):
+        value_and_grad, points = _maximise(
+            lambda x: 0.5 * x @ A @ x - b @ x + np.sum(x**4), lambda x: A @ x - b
+            + 4 * x**3,
+        )
+        runs.append((minimize_lbfgs(value_and_grad, np.ones(20), tol=1e-10), points))
+    (a, points_a), (b_, points_b) = runs
+    np.testing.assert_array_equal(a.x, b_.x)
+    assert a.history == b_.history and a.n_iter == b_.n_iter
+    assert len(points_a) == len(points_b)
+    # Each point is evaluated once (the line search's value and gradient
+    # requests at a point share one evaluation).
+    assert len({p.tobytes() for p in points_a}) == len(points_a)
+
+
+@pytest.mark.parametrize(
+    "value, grad, match",
+    [
+        (np.nan, [1.0, 1.0], "objective is not finite at x0"),
+        (-np.inf, [1.0, 1.0], "objective is not finite at x0"),
+        (1.0, [np.nan, 1.0], r"gradient is not finite at x0 \(1 of 2"),
+        (1.0, [np.inf, -np.inf], r"gradient is not finite at x0 \(2 of 2"),
+    ],
+)
+def test_a_non_finite_objective_at_x0_is_refused(value, grad, match):
+    with pytest.raises(ValueError, match=match):
+        minimize_lbfgs(lambda x: (value, np.array(grad)), np.zeros(2))
+
+
+def _cliff(points):
+    """Maximise ``-(x - 10)^2`` where it is defined, ``x <= 3``: -inf beyond."""
+
+    def value_and_grad(x):
+        points.append(float(x[0]))
+        if x[0] > 3.0:
+            return -np.inf, np.array([np.nan])
+        return -((x[0] - 10.0) ** 2), np.array([-2.0 * (x[0] - 10.0)])
+
+    return value_and_grad
+
+
+def test_an_infinite_objective_beyond_a_cliff_is_backtracked_from():
+    # The supremum is at the edge x = 3, and the unit steps of the first
+    # iterations land beyond it (the gradient, 14, is large).
+    points = []
+    result = minimize_lbfgs(_cliff(points), np.array([2.9]), max_iter=100, tol=1e-10)
+    assert any(p > 3.0 for p in points)  # the cliff was hit
+    assert 2.999 < result.x[0] <= 3.0
+    assert np.isfinite(result.value) and result.value > -((2.9 - 10.0) ** 2)
+    assert all(np.isfinite(result.history))
+    assert np.all(np.diff(result.history) >= 0)
+    assert result.value == max(result.history)
+
+
+def test_backtracking_takes_over_when_the_wolfe_search_fails(monkeypatch):
+    # scipy's line search giving up at every iteration: halving steps still
+    # reach the optimum of a quadratic.
+    def failing(f, fprime, xk, pk, **kwargs):
+        f(xk + pk)  # it evaluates something, then gives up
+        return None, 1, 0, None, kwargs.get("old_fval"), None
+
+    monkeypatch.setattr(lbfgs_module, "line_search", failing)
+    A, b = _spd(5, 8)
+    value_and_grad, _ = _maximise(lambda x: 0.5 * x @ A @ x - b @ x,
+                                  lambda x: A @ x - b)
+    result = minimize_lbfgs(value_and_grad, np.zeros(5), max_iter=2000, tol=1e-14)
+    np.testing.assert_allclose(result.x, np.linalg.solve(A, b), atol=1e-6)
+    assert np.all(np.diff(result.history) >= 0)
+
+
+def test_no_descent_stops_with_a_line_search_failure_at_the_start_point():
+    # The gradient has the wrong sign: no step along the supposed ascent
+    # direction improves the objective. x0 is returned, not a worse point.
+    x0 = np.array([1.0, -2.0])
+
+    def value_and_grad(x):
+        return -np.sum(x**2), 2.0 * x
+
+    result = minimize_lbfgs(value_and_grad, x0, max_iter=50)
+    assert not result.converged
+    assert "line search failed" in result.message
+    assert result.n_iter == 0 and result.history == []
+    np.testing.assert_array_equal(result.x, x0)
+    assert result.value == -5.0
+
+
+def test_a_zero_gradient_at_x0_converges_without_iterating():
+    result = minimize_lbfgs(lambda x: (-np.sum(x**2), -2 * x), np.zeros(3))
+    assert result.converged and result.n_iter == 0 and result.history == []
+    np.testing.assert_array_equal(result.x, np.zeros(3))
+
+
+def test_minimize_lbfgs_rounds_on_a_fixed_objective():
+    # Every round maximises the same quadratic: the rounds' result is its
+    # optimum, with the iterations of every round counted.
+    A, b = _spd(8, 9)
+    value_and_grad, _ = _maximise(lambda x: 0.5 * x @ A @ x - b @ x,
+                                  lambda x: A @ x - b)
+    rounds = []
+
+    def make(round_index, x_start):
+        rounds.append(round_index)
+        return value_and_grad
+
+    result = minimize_lbfgs_rounds(make, np.zeros(8), round_size=3, max_iter=300,
+                                   tol=1e-12)
+    np.testing.assert_allclose(result.x, np.linalg.solve(A, b), atol=1e-5)
+    assert result.converged and rounds == list(range(len(rounds)))
+    assert len(rounds) > 1 and len(result.history) <= result.n_iter
+
+
+def test_the_best_point_of_a_failed_wolfe_search_is_taken(monkeypatch):
+    # scipy's search evaluates a good point and gives up: that point, if it
+    # decreases the objective enough, is the step (no further evaluation).
+    def failing(f, fprime, xk, pk, **kwargs):
+        f(xk + 0.5 * pk)
+        return None, 1, 0, None, kwargs.get("old_fval"), None
+
+    monkeypatch.setattr(lbfgs_module, "line_search", failing)
+    A, b = _spd(4, 10)
+    value_and_grad, points = _maximise(lambda x: 0.5 * x @ A @ x - b @ x,
+                                       lambda x: A @ x - b)
+    result = minimize_lbfgs(value_and_grad, np.zeros(4), max_iter=20, tol=0.0)
+    assert result.n_iter == 20
+    # x0, then one point per iteration, but for the odd iteration where the
+    # half step does not decrease the objective enough and is halved again
+    # (without that point taken, every iteration evaluates at least two).
+    assert len(points) <= 1 + result.n_iter + result.n_iter // 4
+
+
+def test_the_best_point_evaluated_is_returned(monkeypatch):
+    # A line search that accepts a short step after evaluating a better,
+    # longer one: the result is the better point, not the last iterate.
+    def short_step(f, fprime, xk, pk, **kwargs):
+        f(xk + pk)
+        alpha = 1e-3
+        value = f(xk + alpha * pk)
+        return alpha, 2, 0, value, kwargs.get("old_fval"), fprime(xk + alpha * pk)
+
+    monkeypatch.setattr(lbfgs_module, "line_search", short_step)
+    values = []
+
+    def value_and_grad(x):
+        values.append(-np.sum((x - 1.0) ** 2))
+        return values[-1], -2.0 * (x - 1.0)
+
+    result = minimize_lbfgs(value_and_grad, np.zeros(3), max_iter=1)
+    assert result.n_iter == 1 and result.value > result.history[-1]
+    assert result.value == max(values)
+    assert -np.sum((result.x - 1.0) ** 2) == result.value

@@ -1,11 +1,11 @@
 """Box constraints as arrays, and a smooth map that removes them.
 
-scipy's L-BFGS-B does noticeably more work per iteration as soon as one
-coordinate is bounded (its generalised Cauchy point runs over all of them),
-and the variational parameters are unbounded: only a few kernel
+The variational parameters are unbounded: only a few kernel
 hyperparameters are not. :class:`SmoothBox` maps an unbounded vector onto
-the box, with the identity well inside it, so that the optimiser runs
-unconstrained.
+the box, with the identity well inside it, so that the batch optimiser
+(:func:`~skgpstruct.optim.minimize_lbfgs`) runs unconstrained. (scipy's
+L-BFGS-B, used before, also did noticeably more work per iteration as soon
+as one coordinate was bounded.)
 """
 
 import numpy as np
