@@ -356,16 +356,7 @@ class SparseELBO:
         are reused when called again at the same point (the stochastic
         optimiser reads several stored gradients at each step).
         """
-        last = getattr(self, "_last_point", None)
-        if last is not None and np.array_equal(last[0], vector):
-            params, kernel, inducing_state = last[1]
-        else:
-            params, theta = self.layout.unpack(vector)
-            kernel = self.kernel_at(theta)
-            inducing_state = self.inducing.prepare(kernel)
-            self._last_point = (
-                np.array(vector, copy=True), (params, kernel, inducing_state)
-            )
+        params, kernel, inducing_state = self._unpacked(vector)
         return SharedState(
             inducing=self.inducing,
             inducing_state=inducing_state,
@@ -380,6 +371,22 @@ class SparseELBO:
             iteration_key=iteration_key,
             reference=self._reference(reference),
         )
+
+    def _unpacked(self, vector):
+        """Parameters, kernel and inducing state at the packed point ``vector``.
+
+        Those of the last point are reused when called again at the same
+        point (the stochastic optimiser evaluates a mini-batch, reads a
+        stored gradient and the KL terms at each step).
+        """
+        last = getattr(self, "_last_point", None)
+        if last is not None and np.array_equal(last[0], vector):
+            return last[1]
+        params, theta = self.layout.unpack(vector)
+        kernel = self.kernel_at(theta)
+        unpacked = (params, kernel, self.inducing.prepare(kernel))
+        self._last_point = (np.array(vector, copy=True), unpacked)
+        return unpacked
 
     def __getstate__(self):
         state = self.__dict__.copy()
@@ -483,7 +490,7 @@ class SparseELBO:
         gradient : ndarray of shape (layout.size,)
         """
         layout = self.layout
-        params, theta = layout.unpack(vector)
+        params = self._unpacked(vector)[0]
         kl_u, kl_u_grads = kl_unary(params)
         prior_variance = layout.pairwise_prior_variance(
             vector, self.pairwise_prior_variance
@@ -498,6 +505,6 @@ class SparseELBO:
             -kl_bin_mean,
             -kl_bin_std,
         )
-        theta_grad = None if theta is None else np.zeros_like(theta)
+        theta_grad = np.zeros(layout.n_theta) if layout.n_theta else None
         gradient = layout.pack_gradient(params, grads, theta_grad, -kl_bin_prior)
         return kl_u, kl_bin, gradient

@@ -96,8 +96,9 @@ def maximize_saga(
     item_value_and_grad : callable
         ``item_value_and_grad(i, step, x) -> (value, record, gradient)`` of
         item ``i`` (fresh Monte Carlo samples selected by ``step``):
-        ``gradient`` as a vector, ``record`` the same gradient in the form
-        to store (anything with an ``nbytes`` attribute).
+        ``gradient`` as a new vector (the optimiser may modify it in
+        place), ``record`` the same gradient in the form to store (anything
+        with an ``nbytes`` attribute).
     expand : callable
         ``expand(record, x) -> gradient`` vector of a stored record at ``x``.
     exact_value_and_grad : callable
@@ -149,6 +150,8 @@ def maximize_saga(
         }
     stored, total = state["stored"], state["total"]
     beta1, beta2, eps = 0.9, 0.999, 1e-8
+    # Work buffers of the update: a step allocates no n-vector of its own.
+    direction, step, spread = np.empty(n), np.empty(n), np.empty(n)
     history, validation_history = [], []
     no_change, converged = 0, False
     best, best_x, best_epoch = -np.inf, None, 0
@@ -166,21 +169,33 @@ def maximize_saga(
         for _ in range(n_items):
             i = int(rng.integers(n_items))
             state["t"] += 1
-            value, record, grad = item_value_and_grad(i, state["t"], x)
-            delta = grad if stored[i] is None else grad - expand(stored[i], x)
+            value, record, delta = item_value_and_grad(i, state["t"], x)
+            if stored[i] is not None:
+                delta -= expand(stored[i], x)
             stored[i] = record
             exact_value, exact_grad = exact_value_and_grad(x)
-            direction = total + n_items * delta + exact_grad
+            # direction = total + n_items * delta + exact_grad
+            np.multiply(delta, n_items, out=direction)
+            direction += total
+            direction += exact_grad
             total += delta
             values.append(n_items * value + exact_value)
             m, v, t = state["m"], state["v"], state["t"]
+            # Adam: m and v the moving moments, then
+            # x += rate * m_hat / (sqrt(v_hat) + eps), in place.
             m *= beta1
-            m += (1 - beta1) * direction
+            m += np.multiply(direction, 1 - beta1, out=step)
             v *= beta2
-            v += (1 - beta2) * direction**2
-            m_hat = m / (1 - beta1**t)
-            v_hat = v / (1 - beta2**t)
-            x += rate * m_hat / (np.sqrt(v_hat) + eps)
+            np.square(direction, out=spread)
+            spread *= 1 - beta2
+            v += spread
+            np.divide(m, 1 - beta1**t, out=step)  # m_hat
+            step *= rate
+            np.divide(v, 1 - beta2**t, out=spread)  # v_hat
+            np.sqrt(spread, out=spread)
+            spread += eps
+            step /= spread
+            x += step
             if low is not None:
                 np.clip(x, low, high, out=x)
         history.append(float(np.mean(values)))
