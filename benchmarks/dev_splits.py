@@ -17,6 +17,14 @@ comparison behind ``tol=1e-5``)::
     OPENBLAS_NUM_THREADS=1 python benchmarks/dev_splits.py \\
         --datasets basenp chunking JapaneseNE --setting tol=1e-6 \\
         --setting tol=1e-5 --setting tol=1e-4
+
+``--transitions`` also decodes every fit with its fitted transitions as
+they are and with none (unaries only), beside ``predict`` (which decodes
+with the transitions its likelihood names: for ``likelihood=pseudo``, the
+pointwise mutual information of the label pairs)::
+
+    OPENBLAS_NUM_THREADS=1 python benchmarks/dev_splits.py --transitions \\
+        --setting likelihood=pseudo
 """
 
 import argparse
@@ -37,7 +45,8 @@ from _common import (
 )
 from sklearn.exceptions import ConvergenceWarning
 
-from skgpstruct import GPStructClassifier
+from skgpstruct import GPStructClassifier, chain
+from skgpstruct._sequences import split_by_offsets, stack_sequences
 from skgpstruct.io import read_conll
 
 #: Training and test sizes of the dev splits, and the first split seed.
@@ -78,10 +87,20 @@ def dev_pool(data_dir, name):
     return tokens[start:], labels[start:], folder / "template"
 
 
-def run(name, params, data_dir):
+def decode_with(model, X, pairwise):
+    """Viterbi on the model's posterior mean unaries and ``pairwise``."""
+    X_c, offsets = stack_sequences(X)
+    labels, _ = chain.viterbi(model._mean_potentials(X_c, offsets), pairwise, offsets)
+    return [model.classes_[piece] for piece in split_by_offsets(labels, offsets)]
+
+
+def run(name, params, data_dir, transitions=False):
+    """Errors, fit times and iterations over the splits; with ``transitions``
+    also the errors of the fitted and of no transitions (else empty)."""
     tokens, labels, template = dev_pool(data_dir, name)
     n_train, n_test, seed = DEV_SPLITS[name]
     errors, times, iterations = [], [], []
+    variants = {"fitted transitions": [], "unaries only": []} if transitions else {}
     for split in range(N_SPLITS):
         order = np.random.default_rng(seed + split).permutation(len(tokens))
         train = order[:n_train]
@@ -99,7 +118,19 @@ def run(name, params, data_dir):
             times.append(time.perf_counter() - start)
         errors.append(token_error(y_test, model.predict(X_test)))
         iterations.append(model.n_iter_)
-    return errors, times, iterations
+        if transitions:
+            fitted = model.pairwise_mean_
+            for key, pairwise in (("fitted transitions", fitted),
+                                  ("unaries only", np.zeros_like(fitted))):
+                variants[key].append(
+                    token_error(y_test, decode_with(model, X_test, pairwise))
+                )
+    return errors, times, iterations, variants
+
+
+def _errors(values):
+    """``mean % (split, split, ...)``."""
+    return f"{np.mean(values):.2f} % ({', '.join(f'{e:.2f}' for e in values)})"
 
 
 def main(argv=None):
@@ -114,19 +145,26 @@ def main(argv=None):
         "compare several; none: the defaults)",
     )
     parser.add_argument("--data", default=str(DEFAULT_DATA_DIR), metavar="DIR")
+    parser.add_argument(
+        "--transitions", action="store_true",
+        help="also decode every fit with its fitted transitions and with none",
+    )
     args = parser.parse_args(argv)
     data_dir = check_data_dir(args.data)
     settings = args.setting or [{}]
     print(f"command: {command_line()}")
     for name in args.datasets:
         for params in settings:
-            errors, times, iterations = run(name, params, data_dir)
+            errors, times, iterations, variants = run(
+                name, params, data_dir, args.transitions
+            )
             print(
-                f"{name:10s} {params or 'defaults'}: error {np.mean(errors):.2f} % "
-                f"({', '.join(f'{e:.2f}' for e in errors)}), fit "
+                f"{name:10s} {params or 'defaults'}: error {_errors(errors)}, fit "
                 f"{np.mean(times):.1f} s, iterations {iterations}",
                 flush=True,
             )
+            for key, values in variants.items():
+                print(f"{'':10s}   decoded with {key}: error {_errors(values)}")
     return 0
 
 

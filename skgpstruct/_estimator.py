@@ -130,11 +130,12 @@ class GPStructClassifier(BaseEstimator):
         (:class:`~skgpstruct.likelihoods.PiecewisePseudoLikelihood`: the
         unaries are fitted as independent per-token softmaxes, the
         transitions to the label bigrams alone; O(V) per token instead of
-        O(V^2), but less accurate than ``"crf"`` on the dev splits), a
+        O(V^2), but less accurate than ``"crf"`` on most dev splits), a
         :class:`~skgpstruct.likelihoods.Likelihood`, or a plain function
         ``log_lik(unary, pairwise, y) -> (n_samples,)`` giving ``log p(y | f)``
         of one sequence (it then needs ``gradient="score"``, and must be
-        picklable when ``n_jobs != 1``). Prediction always uses the chain.
+        picklable when ``n_jobs != 1``). Prediction always uses the chain
+        (see ``decode``).
     gradient : {"pathwise", "score"}, default="pathwise"
         Monte Carlo gradient estimator: reparameterisation (needs the
         likelihood's gradient) or the score-function estimator with control
@@ -179,7 +180,11 @@ class GPStructClassifier(BaseEstimator):
         JapaneseNE) 1e-5 gave the error of 1e-6 in about half the time.
     decode : {"viterbi", "marginal"}, default="viterbi"
         ``predict`` runs Viterbi on the posterior mean potentials, or takes
-        the per-token argmax of :meth:`predict_marginals`.
+        the per-token argmax of :meth:`predict_marginals`. Both decode with
+        the linear chain on the unaries and the transitions the likelihood
+        names (:meth:`~skgpstruct.likelihoods.Likelihood.decoding_pairwise`:
+        the fitted ones, or for ``likelihood="pseudo"`` the pointwise mutual
+        information of the label pairs they describe).
     learn_hyperparameters : bool, default=True
         Optimise the kernel hyperparameters and the pairwise prior variance
         with the ELBO; False freezes them.
@@ -959,7 +964,9 @@ GroupedLinearKernel`: automatic relevance determination per group).
                 )
             marg = np.zeros((X_c.shape[0], V))
             for k in range(K):
-                _, m_k, _ = chain.forward_backward(unary[k], pairwise, offsets)
+                _, m_k, _ = chain.forward_backward(
+                    unary[k], self._decoding_pairwise(pairwise), offsets
+                )
                 marg += params.weights[k] * m_k.mean(axis=0)
             marg /= marg.sum(axis=1, keepdims=True)
             pieces = split_by_offsets(marg, offsets)
@@ -996,6 +1003,10 @@ GroupedLinearKernel`: automatic relevance determination per group).
         marginals : list of ndarray of shape (T_n, n_classes)
         """
         return self.predict_marginals(X)
+
+    def _decoding_pairwise(self, pairwise):
+        """The transitions the chain decodes with (the likelihood says how)."""
+        return get_likelihood(self.likelihood).decoding_pairwise(pairwise)
 
     def _project(self, X_c, offsets):
         return self.inducing_.project(
@@ -1040,7 +1051,8 @@ GroupedLinearKernel`: automatic relevance determination per group).
                     out[i] = self.classes_[:0]
                 continue
             labels, _ = chain.viterbi(
-                self._mean_potentials(X_c, offsets), self.pairwise_mean_, offsets
+                self._mean_potentials(X_c, offsets),
+                self._decoding_pairwise(self.pairwise_mean_), offsets,
             )
             for i, piece in zip(range(sl.start, sl.stop),
                                 split_by_offsets(labels, offsets), strict=True):

@@ -9,6 +9,7 @@ adapter is checked with an exact chain log-likelihood written here in NumPy
 through the estimator on easy synthetic data.
 """
 
+import itertools
 import pickle
 import warnings
 
@@ -460,6 +461,61 @@ def test_get_likelihood_refuses_a_class():
 
 
 # --------------------------------------------------------------------------- #
+# decoding
+
+
+def test_pseudo_decodes_with_the_pointwise_mutual_information():
+    # P = log N + c: the transitions become log(N[a, b] N / (N[a.] N[.b])),
+    # whatever c, on every leading axis.
+    counts = np.array([[6.0, 1.0, 3.0], [2.0, 8.0, 1.0], [1.0, 4.0, 9.0]])
+    total = counts.sum()
+    expected = np.log(
+        counts * total / counts.sum(axis=1, keepdims=True) / counts.sum(axis=0)
+    )
+    pwpl = PiecewisePseudoLikelihood()
+    stacked = np.stack([np.log(counts) + 2.5, np.log(counts) - 7.0])
+    np.testing.assert_allclose(pwpl.decoding_pairwise(stacked), [expected] * 2)
+    # The exact chain decodes with its own transitions.
+    P = np.random.default_rng(0).normal(size=(3, 3))
+    assert ChainCRF().decoding_pairwise(P) is P
+
+
+def test_pseudo_decoding_recovers_the_posterior_of_a_stationary_hmm():
+    # A textbook HMM with a stationary start: p(y) = pi_{y_1} prod A, tokens
+    # emitted independently given their labels. Its exact posterior, by
+    # enumeration, is the chain with the per-token posteriors
+    # p(y_t | x_t) as unaries and the PMI of p(y_t, y_{t+1}) = pi_a A_ab as
+    # transitions: what the pseudo-likelihood's pieces estimate.
+    rng = np.random.default_rng(3)
+    V, T = 3, 5
+    A = rng.dirichlet(np.ones(V), size=V)
+    eigenvalues, eigenvectors = np.linalg.eig(A.T)
+    pi = np.real(eigenvectors[:, np.argmin(np.abs(eigenvalues - 1))])
+    pi /= pi.sum()
+    emission = rng.dirichlet(np.ones(4), size=V)  # p(x | y), 4 symbols
+    x = rng.integers(4, size=T)
+    paths = np.array(list(itertools.product(range(V), repeat=T)))
+    log_joint = np.log(pi[paths[:, 0]]) + np.log(
+        A[paths[:, :-1], paths[:, 1:]]
+    ).sum(axis=1) + np.log(emission[paths, x]).sum(axis=1)
+    posterior = np.exp(log_joint - logsumexp(log_joint))
+    exact_marginals = np.stack(
+        [np.bincount(paths[:, t], posterior, V) for t in range(T)]
+    )
+    unary = np.log(pi[None, :] * emission[:, x].T)  # log p(y_t | x_t) + const
+    unary -= logsumexp(unary, axis=1, keepdims=True)
+    pairwise = PiecewisePseudoLikelihood().decoding_pairwise(
+        np.log(pi[:, None] * A) + 1.3
+    )
+    _, marginals, _, best, _ = ref.enumerate_one(unary, pairwise)
+    np.testing.assert_allclose(marginals, exact_marginals, atol=1e-12)
+    np.testing.assert_array_equal(best, paths[np.argmax(log_joint)])
+    # Adding the fitted transitions as they are counts the labels again.
+    _, doubled, _, _, _ = ref.enumerate_one(unary, np.log(pi[:, None] * A))
+    assert np.max(np.abs(doubled - exact_marginals)) > 1e-3
+
+
+# --------------------------------------------------------------------------- #
 # fits through the estimator
 
 FAST = {"n_inducing": 20, "max_iter": 50, "tol": 1e-2, "random_state": 0}
@@ -497,6 +553,36 @@ def test_pseudo_likelihood_fits(data, gradient):
     accuracy = token_accuracy(y_test, model.predict(X_test))
     assert accuracy > 0.8, accuracy
     assert accuracy > majority_rate(y_test) + 0.3
+
+
+def test_pseudo_fit_predicts_with_its_decoding_transitions(data, monkeypatch):
+    # predict is Viterbi on the posterior mean unaries and the PMI
+    # transitions, and both predict and predict_marginals go through the
+    # likelihood's decoding_pairwise (here replaced by transitions that
+    # force label 0 after the first token).
+    from skgpstruct import chain
+    from skgpstruct._sequences import stack_sequences
+
+    X, y, X_test, _ = data
+    model = GPStructClassifier(likelihood="pseudo", **FAST).fit(X, y)
+    X_c, offsets = stack_sequences(X_test)
+    unary = model._mean_potentials(X_c, offsets)
+    pmi = PiecewisePseudoLikelihood().decoding_pairwise(model.pairwise_mean_)
+    expected, _ = chain.viterbi(unary, pmi, offsets)
+    predicted = np.concatenate(model.predict(X_test))
+    np.testing.assert_array_equal(predicted, model.classes_[expected])
+
+    def to_label_zero(self, pairwise):
+        forced = np.zeros_like(pairwise)
+        forced[..., 0] = 1e3
+        return forced
+
+    monkeypatch.setattr(PiecewisePseudoLikelihood, "decoding_pairwise", to_label_zero)
+    for labels, marginals in zip(
+        model.predict(X_test), model.predict_marginals(X_test), strict=True
+    ):
+        assert np.all(labels[1:] == model.classes_[0])
+        np.testing.assert_allclose(marginals[1:, 0], 1.0)
 
 
 def test_callable_exact_chain_reaches_the_built_in_accuracy(data):

@@ -100,6 +100,27 @@ class Likelihood(ABC):
             )
         return self._log_prob_and_gradient(unary, pairwise, offsets, labels)
 
+    def decoding_pairwise(self, pairwise):
+        """Transition potentials of the linear chain that predictions use.
+
+        ``predict`` and ``predict_marginals`` decode with the linear chain
+        (Viterbi, forward-backward) on the unary potentials and these
+        transitions. The exact chain decodes with the fitted ones; a
+        likelihood that fits the transitions to something else (a
+        pseudo-likelihood) says here how they enter the chain.
+
+        Parameters
+        ----------
+        pairwise : ndarray of shape (..., n_classes, n_classes)
+            Fitted pairwise potentials (any leading axes, such as samples).
+
+        Returns
+        -------
+        ndarray of the same shape
+            ``pairwise`` itself unless overridden.
+        """
+        return pairwise
+
     @abstractmethod
     def _log_prob(self, unary, pairwise, offsets, labels):
         """Compute :meth:`log_prob` (override in subclasses)."""
