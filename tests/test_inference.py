@@ -272,9 +272,10 @@ def _sequence_blocks(X, offsets, n_features):
 
 @pytest.mark.parametrize("dense", [False, True])
 def test_stacked_projection_blocks_are_the_sequences_features(dense):
-    # Both the per-sequence and the stacked projections against B_n written
-    # from the dense X: the sequence's active features and the bias, scaled,
-    # and nothing outside its own tokens.
+    # Both the per-sequence projection and the stacked one (drawn rows and
+    # lone entries) against B_n written from the dense X: the sequence's
+    # active features and the bias, scaled, nothing outside its own tokens;
+    # a row is lone exactly when it is active at one token.
     X, X_chunk, offsets, kernel = _stacked_problem(dense, np.random.default_rng(4))
     inducing = InducingFeatures(X.shape[1])
     scales = inducing.prepare(kernel)
@@ -282,43 +283,43 @@ def test_stacked_projection_blocks_are_the_sequences_features(dense):
     projection = inducing.project(kernel, scales, X_chunk, offsets)
     stacked = inducing.stacked_projection(scales, layout)
     assert inducing.stacked_projection(scales, None) is None
-    B = stacked.U.multiply(stacked.scale[:, None]).toarray()
-    start = 0
+    split = stacked.split
+    n_tokens = X.shape[0]
+    # U rebuilt from the split: drawn rows as stored, every lone row from
+    # its single entry among its own sequence's tokens.
+    U = np.zeros((stacked.rows.size, n_tokens))
+    U[split.drawn] = split.U_drawn.toarray()
+    lone = split.lone.toarray()
+    start, expected_drawn = 0, []
     for n, (rows, values) in enumerate(_sequence_blocks(X, offsets, X.shape[1])):
+        t0, t1 = offsets[n], offsets[n + 1]
+        np.testing.assert_array_equal(stacked.rows[start : start + rows.size], rows)
+        for i, row in enumerate(rows):
+            active = np.count_nonzero(values[i])
+            if active != 1:
+                expected_drawn.append(start + i)
+            else:
+                U[start + i, t0:t1] = lone[t0:t1, row]
         expected = scales[rows][:, None] * values
         np.testing.assert_array_equal(projection.rows[n], rows)
         np.testing.assert_allclose(projection.B[n], expected)
-        block = B[start : start + rows.size]
-        np.testing.assert_array_equal(stacked.rows[start : start + rows.size], rows)
-        np.testing.assert_allclose(block[:, offsets[n] : offsets[n + 1]], expected)
-        outside = np.delete(block, np.arange(offsets[n], offsets[n + 1]), axis=1)
+        block = stacked.scale[start : start + rows.size, None] * U[
+            start : start + rows.size
+        ]
+        np.testing.assert_allclose(block[:, t0:t1], expected)
+        outside = np.delete(block, np.arange(t0, t1), axis=1)
         assert not np.any(outside)
         start += rows.size
-    assert start == B.shape[0]
-    # The split: a row is lone exactly when it is active at one token. The
-    # chunk's X on the inducing variables is U summed by row; the lone rows'
-    # squared entries sit at their token and inducing variable.
-    U = stacked.U.toarray()
-    active = np.count_nonzero(U, axis=1)
-    split = stacked.split
-    lone = np.flatnonzero(active == 1)
-    np.testing.assert_array_equal(split.drawn, np.flatnonzero(active != 1))
+    assert start == stacked.rows.size
+    np.testing.assert_array_equal(split.drawn, expected_drawn)
     np.testing.assert_array_equal(split.drawn_rows, stacked.rows[split.drawn])
-    np.testing.assert_allclose(split.U_drawn.toarray(), U[split.drawn])
-    n_space = inducing.n_inducing
-    X_space = np.zeros((U.shape[1], n_space))
-    lone_squares = np.zeros((U.shape[1], n_space))
-    for r in range(U.shape[0]):
-        X_space[:, stacked.rows[r]] += U[r]
-        if r in lone:
-            lone_squares[:, stacked.rows[r]] += U[r] ** 2
-    np.testing.assert_allclose(split.X.toarray(), X_space)
-    np.testing.assert_allclose(X_space, np.hstack([X, np.ones((len(X), 1))]))
-    np.testing.assert_allclose(split.lone_squares.toarray(), lone_squares)
-    gather = np.zeros((n_space, split.drawn.size))
+    # Every lone entry was used above, and nothing else is in `lone`.
+    assert np.count_nonzero(lone) == stacked.rows.size - split.drawn.size > 0
+    np.testing.assert_allclose(split.lone_squares.toarray(), lone**2)
+    gather = np.zeros((inducing.n_inducing, split.drawn.size))
     gather[split.drawn_rows, np.arange(split.drawn.size)] = 1
     np.testing.assert_array_equal(split.drawn_gather.toarray(), gather)
-    assert lone.size > 0 and split.drawn.size > 0  # both kinds present
+    assert split.drawn.size > 0
 
 
 @pytest.mark.parametrize("dense", [False, True])

@@ -127,17 +127,16 @@ class StackedProjection:
     ``v = m + s * eps`` of every row.
 
     The pathwise estimator never forms that product over all rows (see
-    :class:`RowSplit`): the means need no per-sequence copy
-    (``U^T (scale * m[rows]) = X (scales * m)`` on the chunk's own tokens),
-    and most rows are active at a single token of their sequence (a word
-    seen once in it). Such a *lone* row's draw reaches that token only,
-    independently of every other row, so the sum of a token's lone rows is
-    one Gaussian per token, label and sample, of variance
-    ``sum_r u_r^2 scale_r^2 s_r^2``; it is sampled as one draw (the local
-    reparameterisation of Kingma, Salimans and Welling, 2015). Only the
-    other rows, the *drawn* ones (the bias, and features repeated within a
-    sequence), are drawn one by one. The joint distribution of every
-    sequence's potentials is the same as with one draw per row.
+    :class:`RowSplit`). Most rows are active at a single token of their
+    sequence (a word seen once in it). Such a *lone* row's draw reaches that
+    token only, independently of every other row, so the sum of a token's
+    lone rows is one Gaussian per token, label and sample, of mean
+    ``sum_r u_r scale_r m_r`` and variance ``sum_r u_r^2 scale_r^2 s_r^2``;
+    it is sampled as one draw (the local reparameterisation of Kingma,
+    Salimans and Welling, 2015). Only the other rows, the *drawn* ones (the
+    bias, and features repeated within a sequence), are drawn one by one.
+    The joint distribution of every sequence's potentials is the same as
+    with one draw per row.
 
     Attributes
     ----------
@@ -145,36 +144,34 @@ class StackedProjection:
         The inducing variable of every stacked row.
     scale : ndarray of shape (n_rows,)
         ``scales[rows]``.
-    U : CSR matrix of shape (n_rows, n_tokens)
     scales : ndarray of shape (n_inducing,)
         The feature scales of the inducing variables.
     split : RowSplit
+        ``U`` by lone and drawn rows.
 
     The conditional ``p(f | u)`` is exact: there is no residual variance.
     """
 
     rows: np.ndarray
     scale: np.ndarray
-    U: sp.csr_matrix
     scales: np.ndarray
     split: "RowSplit"
 
 
 @dataclass
 class RowSplit:
-    """The stacked rows by how many tokens they are active at.
+    """The stacked rows ``U`` by how many tokens they are active at.
 
     Attributes
     ----------
-    X : CSR matrix of shape (n_tokens, n_inducing)
-        The chunk's tokens on the inducing variables (their features and
-        the bias): ``U`` with every row summed into its inducing variable,
-        transposed.
+    lone : CSR matrix of shape (n_tokens, n_inducing)
+        The entries of the lone rows (active at exactly one token), at that
+        token and the row's inducing variable (no two lone rows share both:
+        a sequence has one row per inducing variable).
     lone_squares : CSR matrix of shape (n_tokens, n_inducing)
-        The squared entries of the lone rows (active at exactly one token),
-        at that token and the row's inducing variable.
+        The same entries squared (it shares ``lone``'s index arrays).
     drawn : ndarray of int64
-        The other rows (active at no token or at several).
+        The other stacked rows (active at no token or at several).
     drawn_rows : ndarray of int64
         Their inducing variables.
     U_drawn : CSR matrix of shape (drawn.size, n_tokens)
@@ -184,7 +181,7 @@ class RowSplit:
         inducing variables.
     """
 
-    X: sp.csr_matrix
+    lone: sp.csr_matrix
     lone_squares: sp.csr_matrix
     drawn: np.ndarray
     drawn_rows: np.ndarray
@@ -195,23 +192,21 @@ class RowSplit:
     def of(cls, U, rows, n_inducing):
         """Split the stacked rows of ``U`` (CSR, rows x tokens).
 
-        ``rows[r]`` is the inducing variable of stacked row ``r``; a
-        sequence holds one row per inducing variable, so no two lone rows
-        share a token and an inducing variable.
+        ``rows[r]`` is the inducing variable of stacked row ``r``.
         """
         U = sp.csr_matrix(U, copy=True)
         U.sum_duplicates()
         n_tokens = U.shape[1]
-        coo = U.tocoo()
-        X = sp.csr_matrix(
-            (coo.data, (coo.col, rows[coo.row])), shape=(n_tokens, n_inducing)
-        )
         per_row = np.diff(U.indptr)
         lone = np.flatnonzero(per_row == 1)
         entry = U.indptr[lone]
-        lone_squares = sp.csr_matrix(
-            (U.data[entry] ** 2, (U.indices[entry], rows[lone])),
+        lone_matrix = sp.csr_matrix(
+            (U.data[entry], (U.indices[entry], rows[lone])),
             shape=(n_tokens, n_inducing),
+        )
+        lone_squares = sp.csr_matrix(
+            (lone_matrix.data**2, lone_matrix.indices, lone_matrix.indptr),
+            shape=lone_matrix.shape,
         )
         drawn = np.flatnonzero(per_row != 1).astype(np.int64)
         drawn_rows = rows[drawn].astype(np.int64)
@@ -219,7 +214,9 @@ class RowSplit:
             (np.ones(drawn.size), (drawn_rows, np.arange(drawn.size))),
             shape=(n_inducing, drawn.size),
         )
-        return cls(X, lone_squares, drawn, drawn_rows, U[drawn], drawn_gather)
+        return cls(
+            lone_matrix, lone_squares, drawn, drawn_rows, U[drawn], drawn_gather
+        )
 
 
 @dataclass
@@ -237,20 +234,18 @@ class FeatureLayout:
     row_starts : ndarray of int64 of shape (n_sequences + 1,)
         Sequence ``n`` owns the stacked rows ``row_starts[n]`` to
         ``row_starts[n + 1]`` (its active features, then its bias).
-    stacked_rows, U
-        The stacked form (``rows`` concatenated, and the block-diagonal
-        matrix of :class:`StackedProjection`, each sequence's block).
+    stacked_rows : ndarray of int64
+        ``rows`` concatenated: the inducing variable of every stacked row.
     split : RowSplit
-        What the pathwise estimator evaluates the stacked form with. With
-        ``U`` and ``split`` a chunk cached by a worker costs about four
-        times its ``X``.
+        The block-diagonal matrix ``U`` of :class:`StackedProjection` (each
+        sequence's block), split by lone and drawn rows: about as large as
+        the chunk's ``X``.
     """
 
     rows: list
     support: object
     row_starts: np.ndarray
     stacked_rows: np.ndarray
-    U: sp.csr_matrix
     split: RowSplit
 
 
@@ -416,7 +411,7 @@ class InducingFeatures:
         n_space = self.n_inducing if support is None else support.size
         row_starts = np.concatenate([[0], np.cumsum([r.size for r in rows])])
         return FeatureLayout(
-            rows, support, row_starts.astype(np.int64), all_rows, U,
+            rows, support, row_starts.astype(np.int64), all_rows,
             RowSplit.of(U, all_rows, n_space),
         )
 
@@ -435,7 +430,7 @@ class InducingFeatures:
         if layout is None:
             return None
         rows = layout.stacked_rows
-        return StackedProjection(rows, scales[rows], layout.U, scales, layout.split)
+        return StackedProjection(rows, scales[rows], scales, layout.split)
 
     def stacked_backward(self, kernel, stacked, d_scales):
         """(d scales, d theta) from the gradient w.r.t. ``stacked.scales``."""
@@ -456,18 +451,27 @@ class InducingFeatures:
         return kernel.feature_scales(self.n_features)
 
     def project(self, kernel, scales, X, offsets, layout=None):
-        """Projection of the tokens X (sequences delimited by offsets)."""
-        if layout is None:
-            layout = self.chunk_layout(X, offsets)
-        pieces, unscaled = [], []
-        starts = layout.row_starts
-        for n, rows_n in enumerate(layout.rows):
-            # The sequence's block of the stack: its features, then the bias.
-            U_n = layout.U[starts[n] : starts[n + 1], offsets[n] : offsets[n + 1]]
-            U_n = U_n.toarray()
+        """Projection of the tokens X (sequences delimited by offsets).
+
+        Each sequence's block of the stack, its active features and then the
+        bias, as a dense (n_rows, T_n) array; numbered within the layout's
+        support when a compact layout is given.
+        """
+        X = sp.csr_matrix(X)
+        pieces, unscaled, rows = [], [], []
+        for n in range(len(offsets) - 1):
+            t0, t1 = int(offsets[n]), int(offsets[n + 1])
+            X_n = X[t0:t1]
+            X_n.sum_duplicates()
+            active = np.unique(X_n.indices).astype(np.int64)
+            U_n = np.vstack([X_n[:, active].toarray().T, np.ones((1, t1 - t0))])
+            rows_n = np.append(active, self.n_features)
+            if layout is not None:
+                rows_n = layout.rows[n]
             unscaled.append(U_n)
             pieces.append(scales[rows_n][:, None] * U_n)
-        return Projection(layout.rows, pieces, np.zeros(X.shape[0]), cache=unscaled)
+            rows.append(rows_n)
+        return Projection(rows, pieces, np.zeros(X.shape[0]), cache=unscaled)
 
     def backward(self, kernel, scales, X, projection, d_B, d_residual):
         """Gradient w.r.t. the feature scales (returned as the state gradient)."""

@@ -524,12 +524,14 @@ def _stacked_state(params, stacked, residual_floor):
 def _stacked_unary(stacked, state, eps, xi):
     """Unary samples (K, S, n_tokens, V), C-ordered.
 
-    ``f = X (c * m) + U_drawn^T (c * s * eps)[drawn] + token_sd * xi``.
+    ``f = lone (c * m) + U_drawn^T (c * (m + s * eps))[drawn] + token_sd * xi``.
     """
     K, S, T, V = xi.shape
     split = stacked.split
-    f_mean = split.X @ (state.c * state.mean)  # (T, K * V)
-    drawn_sd = (state.c * state.sd)[split.drawn_rows]  # (n_drawn, K * V)
+    c_drawn = state.c[split.drawn_rows]
+    drawn_mean = c_drawn * state.mean[split.drawn_rows]  # (n_drawn, K * V)
+    drawn_sd = c_drawn * state.sd[split.drawn_rows]
+    f_mean = split.lone @ (state.c * state.mean) + split.U_drawn.T @ drawn_mean
     f_drawn = split.U_drawn.T @ (drawn_sd[..., None] * eps).reshape(-1, K * V * S)
     f = f_drawn.reshape(T, K, V, S) + f_mean.reshape(T, K, V, 1)
     unary = state.token_sd.reshape(T, K, V).transpose(1, 0, 2)[:, None] * xi
@@ -541,22 +543,23 @@ def _stacked_backward(stacked, state, g_unary, eps, xi):
     """Gradients of the stacked form from the token gradient g (K, S, T, V).
 
     Returns ``d_cm`` and ``d_cs``, each (n_inducing, K * V): the derivatives
-    with respect to ``c * q_mu`` and ``c * q_sqrt``. The means give
-    ``X^T sum_s g``; a drawn row adds ``sum_s eps (U g)``, a lone row ``r``
-    at token ``t`` its share of that token's spread,
+    with respect to ``c * q_mu`` and ``c * q_sqrt``. A drawn row's are
+    ``sum_s (U g)`` and ``sum_s eps (U g)``; a lone row ``r`` at token ``t``
+    gives ``u_r sum_s g`` and its share of that token's spread,
     ``u_r^2 (c s)_r / token_sd[t] * sum_s g xi``.
     """
     K, S, T, V = g_unary.shape
     split = stacked.split
     g_mean = g_unary.sum(axis=1).transpose(1, 0, 2).reshape(T, K * V)
-    d_cm = split.X.T @ g_mean
     g_xi = np.einsum("kstv,kstv->tkv", g_unary, xi).reshape(T, K * V)
     g_xi = np.divide(
         g_xi, state.token_sd, out=np.zeros_like(g_xi), where=state.token_sd > 0
     )
+    d_cm = split.lone.T @ g_mean
     d_cs = (split.lone_squares.T @ g_xi) * (state.c * state.sd)
     g = g_unary.transpose(2, 0, 3, 1).reshape(T, K * V * S)  # columns (k, j, s)
     u_g = (split.U_drawn @ g).reshape(eps.shape)
+    d_cm += split.drawn_gather @ u_g.sum(axis=-1)
     d_cs += split.drawn_gather @ np.einsum("iks,iks->ik", u_g, eps)
     return d_cm, d_cs
 
