@@ -13,16 +13,19 @@ max_iter=N)`` (L-BFGS, the estimator's other defaults), this fits
 (c) ``n_jobs=-1`` inside ``joblib.parallel_config(backend="dask")``, with a
     ``dask.distributed.Client`` on ``LocalCluster(n_workers=2,
     threads_per_worker=1, processes=True)`` (``-1``: every worker thread,
-    two here).
+    two here);
+(d) ``n_jobs=2`` inside ``joblib.parallel_config(backend="threading")``
+    (the compiled chain kernels, scipy's sparse products and NumPy's large
+    array operations release the GIL; the chunks stay in this process);
 
 and prints each fit's wall time and its ratio to (a), then whether the
-fitted ``q_mu_`` and the ``predict_marginals`` of the test set of (b) and
-(c) equal those of (a) exactly (``np.array_equal``; ``q_sqrt_`` and the ELBO
+fitted ``q_mu_`` and the ``predict_marginals`` of the test set of (b), (c)
+and (d) equal those of (a) exactly (``np.array_equal``; ``q_sqrt_`` and the ELBO
 history are compared too). Starting the loky workers and the dask cluster
 (and importing skgpstruct in their processes) is timed apart, before the
 fit: a session pays it once. (c) also predicts inside the dask context.
 
-The exit status is 1 when (b) or (c) differ from (a). Without
+The exit status is 1 when (b), (c) or (d) differ from (a). Without
 ``distributed`` (``pip install "dask[distributed]"``) the dask fit is
 skipped with a message and the status is 0.
 
@@ -318,8 +321,20 @@ def main(argv=None):
                  if "failure" not in dask_result
                  else f"FAILED: {dask_result['failure']}"), flush=True)
 
+    import joblib
+
+    try:
+        with joblib.parallel_config(backend="threading"):
+            threads = fit_one({**params, "n_jobs": N_WORKERS}, data)
+    except Exception as exc:  # noqa: BLE001 - recorded and reported
+        threads = {"failure": f"{type(exc).__name__}: {exc}"}
+    print(f"n_jobs={N_WORKERS}, threading     "
+          + (f"fit {threads['fit_time']:7.2f} s" if "failure" not in threads
+             else f"FAILED: {threads['failure']}"), flush=True)
+
     for label, result in ((f"n_jobs={N_WORKERS}, loky", loky),
-                          (f"n_jobs=-1, dask ({N_WORKERS} workers)", dask_result)):
+                          (f"n_jobs=-1, dask ({N_WORKERS} workers)", dask_result),
+                          (f"n_jobs={N_WORKERS}, threading", threads)):
         if result is not None and "failure" not in result:
             compare(result, reference)
         if result is not None:

@@ -230,8 +230,10 @@ GroupedLinearKernel`: automatic relevance determination per group).
         are refused before anything is allocated.
     n_jobs : int or None, default=None
         Workers for the per-sequence terms (joblib semantics: None means 1
-        unless in a ``joblib.parallel_config`` context, -1 all cores). The
-        backend comes from joblib's context, e.g. ``parallel_config("dask")``.
+        unless in a ``joblib.parallel_config`` context, -1 all cores).
+        Threads by default (the chunk terms release the GIL); a backend from
+        joblib's context takes precedence, e.g. ``parallel_config("loky")``
+        for processes or ``parallel_config("dask")`` for a cluster.
     random_state : int, RandomState instance or None, default=None
         Seeds inducing-point choice and Monte Carlo samples. The same seed
         gives the same model for any ``n_jobs`` and backend.
@@ -619,7 +621,13 @@ GroupedLinearKernel`: automatic relevance determination per group).
         # Attributes of a previous stochastic fit must not survive this one.
         for name in ("saga_memory_bytes_", "validation_score_history_"):
             self.__dict__.pop(name, None)
-        with Parallel(n_jobs=self.n_jobs) as parallel, _released(objective):
+        # Threads by default: the chunk terms release the GIL (compiled
+        # chain kernels, scipy's sparse products, NumPy on large arrays) and
+        # share the chunks with no copy; a backend set with
+        # joblib.parallel_config (loky, dask) takes precedence.
+        with Parallel(n_jobs=self.n_jobs, prefer="threads") as parallel, _released(
+            objective
+        ):
             if optimizer == "stochastic":
                 result = self._optimize_stochastic(
                     objective, layout, x0, bounds, parallel, rng, progress,

@@ -61,6 +61,36 @@ def test_threading_backend_gives_the_same_model(small_chunks):
     np.testing.assert_array_equal(local.q_mu_, threaded.q_mu_)
 
 
+def test_n_jobs_runs_threads_unless_a_backend_is_configured(small_chunks, monkeypatch):
+    # n_jobs alone spreads the chunks over threads of this process (the
+    # chunk terms release the GIL); a backend from parallel_config wins.
+    import os
+    import threading
+
+    from skgpstruct.inference import elbo as elbo_module
+
+    calls = []
+    real = elbo_module._cached_chunk_terms
+
+    def where(token, index, chunk, shared):
+        calls.append((os.getpid(), threading.get_ident()))
+        return real(token, index, chunk, shared)
+
+    monkeypatch.setattr(elbo_module, "_cached_chunk_terms", where)
+    local = _fit(n_jobs=1)
+    assert {pid for pid, _ in calls} == {os.getpid()}
+    assert {thread for _, thread in calls} == {threading.get_ident()}
+    calls.clear()
+    threaded = _fit(n_jobs=2)
+    assert {pid for pid, _ in calls} == {os.getpid()}
+    assert threading.get_ident() not in {thread for _, thread in calls}
+    np.testing.assert_array_equal(local.q_mu_, threaded.q_mu_)
+    calls.clear()
+    with parallel_config(backend="sequential"):
+        _fit(n_jobs=2)
+    assert {thread for _, thread in calls} == {threading.get_ident()}
+
+
 def test_loky_backend_gives_the_same_model(small_chunks):
     # Worker processes keep the chunks between evaluations: same model.
     local = _fit(n_jobs=1)

@@ -14,6 +14,7 @@ out again only to a worker that has not seen it yet.
 """
 
 import dataclasses
+import threading
 import uuid
 from dataclasses import dataclass
 
@@ -28,6 +29,7 @@ __all__ = ["SparseELBO", "ELBOEvaluation", "LocalGradient"]
 # In every process that runs chunk terms: {fit token: {chunk index: Chunk}},
 # holding the chunks of the latest fit only.
 _CHUNK_CACHE = {}
+_CHUNK_CACHE_LOCK = threading.Lock()
 
 # Memory a loky worker may grow by beyond what it keeps in _CHUNK_CACHE
 # before loky takes it for a leak and restarts it (loky's own default).
@@ -70,15 +72,16 @@ def _cached_chunk_terms(token, index, chunk, shared):
     other fit) or None; returns None when this process does not hold it, and
     the caller sends it again.
     """
-    store = _CHUNK_CACHE.get(token)
-    if chunk is not None:
-        if store is None:
-            _CHUNK_CACHE.clear()
-            store = _CHUNK_CACHE.setdefault(token, {})
-        store[index] = chunk
-    elif store is None or index not in store:
-        return None
-    held = store[index]
+    with _CHUNK_CACHE_LOCK:  # threads of one process share the cache
+        store = _CHUNK_CACHE.get(token)
+        if chunk is not None:
+            if store is None:
+                _CHUNK_CACHE.clear()
+                store = _CHUNK_CACHE.setdefault(token, {})
+            store[index] = chunk
+        elif store is None or index not in store:
+            return None
+        held = store[index]
     n_cached = len(held.noise_cache)
     result = chunk_terms(held, shared)
     if chunk is not None or len(held.noise_cache) != n_cached:
