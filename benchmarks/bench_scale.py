@@ -35,8 +35,8 @@ peak RSS (``getrusage(RUSAGE_SELF).ru_maxrss``) is per configuration:
 - sklearn-crfsuite, L-BFGS, c1=0, c2=1, run to its own convergence: fit
   time, iterations and seconds per iteration (from its training log).
 - At the largest size the two GP configurations again with ``n_jobs=2``
-  (workers' peak RSS reported apart: loky workers are reaped, then
-  ``RUSAGE_CHILDREN`` read).
+  (the estimator's default backend: threads of the same process, so the
+  peak RSS covers them; ``bench_dask.py`` compares the backends).
 
 "peak RSS" is the process's whole peak (interpreter, libraries, data);
 "fit increment" is the peak minus the resident size just before ``fit``,
@@ -140,17 +140,6 @@ def _rss_now_kib():
         return pages * os.sysconf("SC_PAGE_SIZE") / 1024
     except (OSError, ValueError, IndexError):
         return float("nan")
-
-
-def _reap_loky_workers():
-    """Stop joblib's reusable loky workers so that RUSAGE_CHILDREN counts them."""
-    try:
-        from joblib.externals.loky import get_reusable_executor
-
-        get_reusable_executor().shutdown(wait=True)
-    except Exception:  # noqa: BLE001 - best effort, reported as absent
-        return False
-    return True
 
 
 class _TimestampedLines(io.TextIOBase):
@@ -265,8 +254,6 @@ def _measure(config):
         params["max_iter"] = config["max_iter"] if kind == "lbfgs" else config[
             "epochs"]
         gp = GPStructClassifier(**params)
-        if config["n_jobs"] not in (None, 1):
-            out["worker_start_time"] = _start_workers(config["n_jobs"])
         captured = _TimestampedLines()
         rss_before = _rss_now_kib()
         with warnings.catch_warnings():
@@ -321,9 +308,6 @@ def _measure(config):
     self_peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     out["peak_rss_mib"] = self_peak / 1024
     out["fit_increment_mib"] = (self_peak - rss_before) / 1024
-    if config["n_jobs"] not in (None, 1) and _reap_loky_workers():
-        children = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
-        out["worker_peak_rss_mib"] = children / 1024
     return out
 
 
