@@ -12,6 +12,7 @@ from joblib import Parallel
 from sklearn.base import BaseEstimator
 from sklearn.exceptions import ConvergenceWarning
 from sklearn.utils.validation import check_is_fitted
+from threadpoolctl import threadpool_limits
 
 from . import chain
 from ._sequences import (
@@ -624,9 +625,14 @@ GroupedLinearKernel`: automatic relevance determination per group).
         # Threads by default: the chunk terms release the GIL (compiled
         # chain kernels, scipy's sparse products, NumPy on large arrays) and
         # share the chunks with no copy; a backend set with
-        # joblib.parallel_config (loky, dask) takes precedence.
-        with Parallel(n_jobs=self.n_jobs, prefer="threads") as parallel, _released(
-            objective
+        # joblib.parallel_config (loky, dask) takes precedence. BLAS runs on
+        # one thread in this process and its worker threads during the fit,
+        # as chunks do in worker processes (see elbo._one_blas_thread): the
+        # fit is then the same whatever the backend.
+        with (
+            threadpool_limits(limits=1, user_api="blas"),
+            Parallel(n_jobs=self.n_jobs, prefer="threads") as parallel,
+            _released(objective),
         ):
             if optimizer == "stochastic":
                 result = self._optimize_stochastic(

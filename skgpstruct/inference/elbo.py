@@ -16,10 +16,12 @@ out again only to a worker that has not seen it yet.
 import dataclasses
 import threading
 import uuid
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import numpy as np
 from joblib import delayed
+from threadpoolctl import ThreadpoolController
 
 from .posterior import VariationalParameters, kl_pairwise, kl_unary
 from .terms import ReferencePosterior, SharedState, chunk_terms, expand_local
@@ -65,6 +67,36 @@ def _add_at(total, support, part, axis=2):
         total[tuple(index)] += part
 
 
+_BLAS = {"lock": threading.Lock(), "users": 0, "limit": None, "controller": None}
+
+
+@contextmanager
+def _one_blas_thread():
+    """BLAS on one thread while this process computes chunk terms.
+
+    A fit must be bit-identical for every ``n_jobs`` and backend, and
+    OpenBLAS may round differently with its number of threads (seen here:
+    1e-13 apart between the parent's two threads and a loky worker's one).
+    So every chunk runs its BLAS on one thread, in whatever process;
+    parallelism comes from the chunks. Threads of one process share the
+    limit: the first one in sets it, the last one out restores it.
+    """
+    with _BLAS["lock"]:
+        if _BLAS["users"] == 0:
+            if _BLAS["controller"] is None:
+                _BLAS["controller"] = ThreadpoolController()
+            _BLAS["limit"] = _BLAS["controller"].limit(limits=1, user_api="blas")
+        _BLAS["users"] += 1
+    try:
+        yield
+    finally:
+        with _BLAS["lock"]:
+            _BLAS["users"] -= 1
+            if _BLAS["users"] == 0:
+                _BLAS["limit"].restore_original_limits()
+                _BLAS["limit"] = None
+
+
 def _cached_chunk_terms(token, index, chunk, shared):
     """``chunk_terms`` of chunk ``index`` of fit ``token``, from this process's cache.
 
@@ -83,7 +115,8 @@ def _cached_chunk_terms(token, index, chunk, shared):
             return None
         held = store[index]
     n_cached = len(held.noise_cache)
-    result = chunk_terms(held, shared)
+    with _one_blas_thread():
+        result = chunk_terms(held, shared)
     if chunk is not None or len(held.noise_cache) != n_cached:
         _allow_cached_memory(store)  # the cache grew
     return result
