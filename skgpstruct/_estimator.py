@@ -12,7 +12,6 @@ from joblib import Parallel
 from sklearn.base import BaseEstimator
 from sklearn.exceptions import ConvergenceWarning
 from sklearn.utils.validation import check_is_fitted
-from threadpoolctl import threadpool_limits
 
 from . import chain
 from ._sequences import (
@@ -23,7 +22,7 @@ from ._sequences import (
     split_by_offsets,
     stack_sequences,
 )
-from .inference.elbo import SparseELBO
+from .inference.elbo import SparseELBO, single_blas_thread
 from .inference.ess import DEFAULT_MEMORY_LIMIT, sample_posterior
 from .inference.inducing import (
     InducingFeatures,
@@ -627,10 +626,10 @@ GroupedLinearKernel`: automatic relevance determination per group).
         # share the chunks with no copy; a backend set with
         # joblib.parallel_config (loky, dask) takes precedence. BLAS runs on
         # one thread in this process and its worker threads during the fit,
-        # as chunks do in worker processes (see elbo._one_blas_thread): the
-        # fit is then the same whatever the backend.
+        # as chunks do in worker processes (see elbo.single_blas_thread):
+        # the fit is then the same whatever the backend.
         with (
-            threadpool_limits(limits=1, user_api="blas"),
+            single_blas_thread(),
             Parallel(n_jobs=self.n_jobs, prefer="threads") as parallel,
             _released(objective),
         ):

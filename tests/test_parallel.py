@@ -204,3 +204,24 @@ def test_loky_leak_allowance_covers_the_cached_chunks(monkeypatch):
     assert held.nbytes >= held.X.data.nbytes + layout_bytes + noise_bytes
     assert process_executor._MAX_MEMORY_LEAK_SIZE == int(3e8) + 2 * held.nbytes
     elbo_module._CHUNK_CACHE.clear()
+
+
+def test_single_blas_thread_is_counted_and_restored():
+    # The limit holds until the last open context closes (fits and chunks in
+    # threads of one process share it), then the original is back.
+    from threadpoolctl import threadpool_info
+
+    from skgpstruct.inference.elbo import single_blas_thread
+
+    def blas_threads():
+        return {i["num_threads"] for i in threadpool_info() if i["user_api"] == "blas"}
+
+    before = blas_threads()
+    if not before:
+        pytest.skip("threadpoolctl finds no BLAS library in this process")
+    with single_blas_thread():
+        assert blas_threads() == {1}
+        with single_blas_thread():
+            assert blas_threads() == {1}
+        assert blas_threads() == {1}  # the inner context did not lift it
+    assert blas_threads() == before

@@ -71,15 +71,19 @@ _BLAS = {"lock": threading.Lock(), "users": 0, "limit": None, "controller": None
 
 
 @contextmanager
-def _one_blas_thread():
-    """BLAS on one thread while this process computes chunk terms.
+def single_blas_thread():
+    """BLAS on one thread in this process while the context is open.
 
     A fit must be bit-identical for every ``n_jobs`` and backend, and
     OpenBLAS may round differently with its number of threads (seen here:
     1e-13 apart between the parent's two threads and a loky worker's one).
-    So every chunk runs its BLAS on one thread, in whatever process;
-    parallelism comes from the chunks. Threads of one process share the
-    limit: the first one in sets it, the last one out restores it.
+    So chunks run their BLAS on one thread, in whatever process (the
+    estimator opens the context for the whole fit, before its worker
+    threads start: a limit set inside a joblib worker thread was not seen
+    there); parallelism comes from the chunks. The limit is process-wide
+    and counted: the first context in sets it, the last one out restores
+    it, so that fits and chunks running in threads of one process do not
+    lift it under each other.
     """
     with _BLAS["lock"]:
         if _BLAS["users"] == 0:
@@ -115,7 +119,7 @@ def _cached_chunk_terms(token, index, chunk, shared):
             return None
         held = store[index]
     n_cached = len(held.noise_cache)
-    with _one_blas_thread():
+    with single_blas_thread():
         result = chunk_terms(held, shared)
     if chunk is not None or len(held.noise_cache) != n_cached:
         _allow_cached_memory(store)  # the cache grew
