@@ -14,6 +14,7 @@ from sklearn.exceptions import ConvergenceWarning
 from sklearn.utils.validation import check_is_fitted
 
 from . import chain
+from ._linalg import single_blas_thread
 from ._sequences import (
     check_sequence_features,
     check_sequence_labels,
@@ -22,7 +23,7 @@ from ._sequences import (
     split_by_offsets,
     stack_sequences,
 )
-from .inference.elbo import SparseELBO, single_blas_thread
+from .inference.elbo import SparseELBO
 from .inference.ess import DEFAULT_MEMORY_LIMIT, sample_posterior
 from .inference.inducing import (
     InducingFeatures,
@@ -626,7 +627,7 @@ GroupedLinearKernel`: automatic relevance determination per group).
         # share the chunks with no copy; a backend set with
         # joblib.parallel_config (loky, dask) takes precedence. BLAS runs on
         # one thread in this process and its worker threads during the fit,
-        # as chunks do in worker processes (see elbo.single_blas_thread):
+        # as chunks do in worker processes (see _linalg.single_blas_thread):
         # the fit is then the same whatever the backend.
         with (
             single_blas_thread(),

@@ -1,13 +1,20 @@
 """Dense linear algebra shared by the whole package.
 
 Every Cholesky factorisation in skgpstruct goes through :func:`jitter_cholesky`,
-so that near-singular kernel matrices are handled the same way everywhere.
+so that near-singular kernel matrices are handled the same way everywhere,
+and fits run their BLAS on one thread (:func:`single_blas_thread`).
 """
+
+import threading
+from contextlib import contextmanager
 
 import numpy as np
 from scipy import linalg
+from threadpoolctl import ThreadpoolController
 
-__all__ = ["jitter_cholesky", "cholesky_backward", "CholeskyError"]
+__all__ = [
+    "jitter_cholesky", "cholesky_backward", "CholeskyError", "single_blas_thread"
+]
 
 
 class CholeskyError(np.linalg.LinAlgError):
@@ -103,3 +110,37 @@ def cholesky_backward(lower, lower_bar):
         lower, tmp.T, lower=True, trans="T", check_finite=False
     ).T
     return 0.5 * (a_bar + a_bar.T)
+
+
+_BLAS = {"lock": threading.Lock(), "users": 0, "limit": None, "controller": None}
+
+
+@contextmanager
+def single_blas_thread():
+    """BLAS on one thread in this process while the context is open.
+
+    A fit must be bit-identical for every ``n_jobs`` and backend, and
+    OpenBLAS may round differently with its number of threads (seen here:
+    1e-13 apart between the parent's two threads and a loky worker's one).
+    So chunks run their BLAS on one thread, in whatever process (the
+    estimator opens the context for the whole fit, before its worker
+    threads start: a limit set inside a joblib worker thread was not seen
+    there); parallelism comes from the chunks. The limit is process-wide
+    and counted: the first context in sets it, the last one out restores
+    it, so that fits and chunks running in threads of one process do not
+    lift it under each other.
+    """
+    with _BLAS["lock"]:
+        if _BLAS["users"] == 0:
+            if _BLAS["controller"] is None:
+                _BLAS["controller"] = ThreadpoolController()
+            _BLAS["limit"] = _BLAS["controller"].limit(limits=1, user_api="blas")
+        _BLAS["users"] += 1
+    try:
+        yield
+    finally:
+        with _BLAS["lock"]:
+            _BLAS["users"] -= 1
+            if _BLAS["users"] == 0:
+                _BLAS["limit"].restore_original_limits()
+                _BLAS["limit"] = None

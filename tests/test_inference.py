@@ -303,7 +303,7 @@ def test_stacked_projection_blocks_are_the_sequences_features(dense):
         expected = scales[rows][:, None] * values
         np.testing.assert_array_equal(projection.rows[n], rows)
         np.testing.assert_allclose(projection.B[n], expected)
-        block = stacked.scale[start : start + rows.size, None] * U[
+        block = scales[stacked.rows[start : start + rows.size], None] * U[
             start : start + rows.size
         ]
         np.testing.assert_allclose(block[:, t0:t1], expected)

@@ -211,17 +211,21 @@ def test_single_blas_thread_is_counted_and_restored():
     # threads of one process share it), then the original is back.
     from threadpoolctl import threadpool_info
 
-    from skgpstruct.inference.elbo import single_blas_thread
+    from skgpstruct._linalg import single_blas_thread
 
     def blas_threads():
         return {i["num_threads"] for i in threadpool_info() if i["user_api"] == "blas"}
 
-    before = blas_threads()
-    if not before:
+    from threadpoolctl import threadpool_limits
+
+    if not blas_threads():
         pytest.skip("threadpoolctl finds no BLAS library in this process")
-    with single_blas_thread():
-        assert blas_threads() == {1}
+    # Two threads to start from, whatever OPENBLAS_NUM_THREADS says.
+    with threadpool_limits(limits=2, user_api="blas"):
+        assert blas_threads() == {2}
         with single_blas_thread():
             assert blas_threads() == {1}
-        assert blas_threads() == {1}  # the inner context did not lift it
-    assert blas_threads() == before
+            with single_blas_thread():
+                assert blas_threads() == {1}
+            assert blas_threads() == {1}  # the inner context did not lift it
+        assert blas_threads() == {2}

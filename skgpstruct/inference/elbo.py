@@ -16,13 +16,12 @@ out again only to a worker that has not seen it yet.
 import dataclasses
 import threading
 import uuid
-from contextlib import contextmanager
 from dataclasses import dataclass
 
 import numpy as np
 from joblib import delayed
-from threadpoolctl import ThreadpoolController
 
+from .._linalg import single_blas_thread
 from .posterior import VariationalParameters, kl_pairwise, kl_unary
 from .terms import ReferencePosterior, SharedState, chunk_terms, expand_local
 
@@ -65,40 +64,6 @@ def _add_at(total, support, part, axis=2):
         index = [slice(None)] * total.ndim
         index[axis] = support
         total[tuple(index)] += part
-
-
-_BLAS = {"lock": threading.Lock(), "users": 0, "limit": None, "controller": None}
-
-
-@contextmanager
-def single_blas_thread():
-    """BLAS on one thread in this process while the context is open.
-
-    A fit must be bit-identical for every ``n_jobs`` and backend, and
-    OpenBLAS may round differently with its number of threads (seen here:
-    1e-13 apart between the parent's two threads and a loky worker's one).
-    So chunks run their BLAS on one thread, in whatever process (the
-    estimator opens the context for the whole fit, before its worker
-    threads start: a limit set inside a joblib worker thread was not seen
-    there); parallelism comes from the chunks. The limit is process-wide
-    and counted: the first context in sets it, the last one out restores
-    it, so that fits and chunks running in threads of one process do not
-    lift it under each other.
-    """
-    with _BLAS["lock"]:
-        if _BLAS["users"] == 0:
-            if _BLAS["controller"] is None:
-                _BLAS["controller"] = ThreadpoolController()
-            _BLAS["limit"] = _BLAS["controller"].limit(limits=1, user_api="blas")
-        _BLAS["users"] += 1
-    try:
-        yield
-    finally:
-        with _BLAS["lock"]:
-            _BLAS["users"] -= 1
-            if _BLAS["users"] == 0:
-                _BLAS["limit"].restore_original_limits()
-                _BLAS["limit"] = None
 
 
 def _cached_chunk_terms(token, index, chunk, shared):

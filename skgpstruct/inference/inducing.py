@@ -115,6 +115,19 @@ class Projection:
     cache: object = None
 
 
+def _sequence_features(X, offsets):
+    """Per sequence of a CSR ``X``: ``(t0, t1, X_n, active)``.
+
+    ``X_n`` are its rows with duplicate entries summed and ``active`` its
+    active features, sorted.
+    """
+    for n in range(len(offsets) - 1):
+        t0, t1 = int(offsets[n]), int(offsets[n + 1])
+        X_n = X[t0:t1]
+        X_n.sum_duplicates()
+        yield t0, t1, X_n, np.unique(X_n.indices).astype(np.int64)
+
+
 @dataclass
 class StackedProjection:
     """All sequences of a chunk as one sparse block-diagonal projection.
@@ -141,9 +154,8 @@ class StackedProjection:
     Attributes
     ----------
     rows : ndarray of int64 of shape (n_rows,)
-        The inducing variable of every stacked row.
-    scale : ndarray of shape (n_rows,)
-        ``scales[rows]``.
+        The inducing variable of every stacked row (its scale is
+        ``scales[rows]``).
     scales : ndarray of shape (n_inducing,)
         The feature scales of the inducing variables.
     split : RowSplit
@@ -153,7 +165,6 @@ class StackedProjection:
     """
 
     rows: np.ndarray
-    scale: np.ndarray
     scales: np.ndarray
     split: "RowSplit"
 
@@ -383,11 +394,7 @@ class InducingFeatures:
         stack_rows, stack_tokens, stack_values = [], [], []
         bias_row = np.array([self.n_features], dtype=np.int64)
         n_stacked = 0
-        for n in range(len(offsets) - 1):
-            t0, t1 = int(offsets[n]), int(offsets[n + 1])
-            X_n = X[t0:t1]
-            X_n.sum_duplicates()
-            active = np.unique(X_n.indices).astype(np.int64)
+        for t0, t1, X_n, active in _sequence_features(X, offsets):
             coo = X_n.tocoo()
             local_row = np.searchsorted(active, coo.col)
             rows.append(np.concatenate([active, bias_row]))
@@ -429,8 +436,7 @@ class InducingFeatures:
         """
         if layout is None:
             return None
-        rows = layout.stacked_rows
-        return StackedProjection(rows, scales[rows], scales, layout.split)
+        return StackedProjection(layout.stacked_rows, scales, layout.split)
 
     def stacked_backward(self, kernel, stacked, d_scales):
         """(d scales, d theta) from the gradient w.r.t. ``stacked.scales``."""
@@ -457,13 +463,9 @@ class InducingFeatures:
         bias, as a dense (n_rows, T_n) array; numbered within the layout's
         support when a compact layout is given.
         """
-        X = sp.csr_matrix(X)
         pieces, unscaled, rows = [], [], []
-        for n in range(len(offsets) - 1):
-            t0, t1 = int(offsets[n]), int(offsets[n + 1])
-            X_n = X[t0:t1]
-            X_n.sum_duplicates()
-            active = np.unique(X_n.indices).astype(np.int64)
+        sequences = _sequence_features(sp.csr_matrix(X), offsets)
+        for n, (t0, t1, X_n, active) in enumerate(sequences):
             U_n = np.vstack([X_n[:, active].toarray().T, np.ones((1, t1 - t0))])
             rows_n = np.append(active, self.n_features)
             if layout is not None:
