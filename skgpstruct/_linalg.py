@@ -13,7 +13,8 @@ from scipy import linalg
 from threadpoolctl import ThreadpoolController
 
 __all__ = [
-    "jitter_cholesky", "cholesky_backward", "CholeskyError", "single_blas_thread"
+    "jitter_cholesky", "cholesky_backward", "CholeskyError", "single_blas_thread",
+    "same_vector",
 ]
 
 
@@ -144,3 +145,16 @@ def single_blas_thread():
             if _BLAS["users"] == 0:
                 _BLAS["limit"].restore_original_limits()
                 _BLAS["limit"] = None
+
+
+def same_vector(a, b):
+    """Whether ``a`` and ``b`` are equal arrays, one cheap entry first.
+
+    Optimisers move every coordinate at once, so unequal points almost
+    always differ at the first entry; equal ones are then compared whole.
+    """
+    if a is b:
+        return True
+    if a.shape != b.shape:
+        return False
+    return a.size == 0 or bool(a.flat[0] == b.flat[0] and np.array_equal(a, b))

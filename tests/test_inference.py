@@ -33,6 +33,7 @@ from skgpstruct.inference.posterior import (
     VariationalParameters,
     kl_pairwise,
     kl_unary,
+    kl_unary_diagonal_packed,
 )
 from skgpstruct.inference.terms import Chunk, SharedState, chunk_terms
 from skgpstruct.kernels import GroupedLinearKernel, LinearKernel, RBFKernel
@@ -742,6 +743,61 @@ def test_kl_unary_gradient(K, full):
     h = 1e-6
     finite_diff = (value(x0 + h * direction) - value(x0 - h * direction)) / (2 * h)
     np.testing.assert_allclose(grad @ direction, finite_diff, rtol=1e-6)
+
+
+def test_kl_unary_diagonal_packed_matches_kl_unary():
+    # The packed shortcut of one diagonal component against kl_unary chained
+    # through pack_gradient (itself checked by finite differences above).
+    rng = np.random.default_rng(16)
+    params = _random_params(rng, 1, False)
+    layout = ParameterLayout(1, V, M, False, 0)
+    vector = layout.pack(params)
+    kl, grads = kl_unary(params)
+    expected = -layout.pack_gradient(params, grads)
+    out = np.full(layout.size, np.nan)
+    value = kl_unary_diagonal_packed(
+        params.q_mu, params.q_sqrt, vector[layout.slices["q_sqrt"]],
+        out_mu=out[layout.slices["q_mu"]], out_log_sqrt=out[layout.slices["q_sqrt"]],
+    )
+    np.testing.assert_allclose(value, kl, rtol=1e-12)
+    part = slice(0, layout.tail_start)
+    np.testing.assert_allclose(out[part], expected[part], rtol=1e-12, atol=1e-14)
+
+
+def test_support_gradient_is_the_packed_gradient_on_its_indices():
+    # A compact chunk's gradient, given on its support, scatters to the
+    # packed gradient of the same arrays written at full size.
+    rng = np.random.default_rng(17)
+    K, M_ = 1, 9
+    params = _random_params(rng, K, False, M=M_)
+    layout = ParameterLayout(K, V, M_, False, 2, learn_pairwise_prior=True)
+    support = np.array([1, 4, 5, 8])
+    grad_mu = rng.normal(size=(K, V, support.size))
+    grad_sqrt = rng.normal(size=(K, V, support.size))
+    full_mu, full_sqrt = np.zeros((K, V, M_)), np.zeros((K, V, M_))
+    full_mu[:, :, support], full_sqrt[:, :, support] = grad_mu, grad_sqrt
+    small = dict(weights=np.zeros(K), pairwise_mean=rng.normal(size=(V, V)),
+                 pairwise_std=rng.normal(size=(V, V)))
+    theta_grad, prior_grad = np.array([0.3, -1.2]), 0.7
+    expected = layout.pack_gradient(
+        params, VariationalParameters(full_mu, full_sqrt, **small), theta_grad,
+        prior_grad,
+    )
+    indices = layout.support_indices(support)
+    values = layout.pack_support_gradient(
+        params, support, grad_mu, grad_sqrt,
+        VariationalParameters(None, None, **small), theta_grad, prior_grad,
+    )
+    assert indices.shape == values.shape
+    assert np.unique(indices).size == indices.size
+    scattered = np.zeros(layout.size)
+    scattered[indices] = values
+    np.testing.assert_array_equal(scattered, expected)
+    # Every coordinate outside the indices is a q_mu or q_sqrt entry of an
+    # inducing variable outside the support.
+    outside = np.setdiff1d(np.arange(layout.size), indices)
+    assert outside.size == 2 * K * V * (M_ - support.size)
+    assert outside.max() < layout.tail_start
 
 
 def test_kl_pairwise_closed_form_and_gradient():

@@ -10,7 +10,7 @@ from sklearn.exceptions import ConvergenceWarning
 from skgpstruct import GPStructClassifier
 from skgpstruct.datasets import make_sequences
 from skgpstruct.inference.elbo import LocalGradient
-from skgpstruct.optim.saga import maximize_saga
+from skgpstruct.optim.saga import SparseGradient, maximize_saga
 
 
 class _Residual:
@@ -52,6 +52,79 @@ def test_saga_solves_a_least_squares_sum_to_the_exact_optimum():
     stored = sum(expand(record, None) for record in result.state["stored"])
     np.testing.assert_allclose(result.state["total"], stored, atol=1e-10)
     assert result.stored_bytes == 6 * 3 * 8
+
+
+def _sparse_least_squares(n_items=6, n=10, seed=0):
+    """Items whose residual reaches only a few coordinates each."""
+    rng = np.random.default_rng(seed)
+    supports = [np.sort(rng.choice(n, size=3, replace=False)) for _ in range(n_items)]
+    A = [rng.normal(size=(4, 3)) for _ in range(n_items)]
+    b = [rng.normal(size=4) for _ in range(n_items)]
+    return supports, A, b
+
+
+@pytest.mark.parametrize("stored_sparse", [True, False])
+def test_saga_with_sparse_gradients_takes_the_dense_steps(stored_sparse):
+    # The same items, their gradients given on their own coordinates or as
+    # dense vectors: the same steps, to the last bit, and the exact optimum.
+    supports, A, b = _sparse_least_squares()
+    n = 10
+
+    def residual(i, x):
+        return A[i] @ x[supports[i]] - b[i]
+
+    def gradient(i, r, sparse):
+        values = -A[i].T @ r
+        if sparse:
+            return SparseGradient(supports[i], values)
+        out = np.zeros(n)
+        out[supports[i]] = values
+        return out
+
+    def run(sparse, expand_sparse):
+        def item(i, step, x):
+            r = residual(i, x)
+            return -0.5 * r @ r, _Residual(i, r), gradient(i, r, sparse)
+
+        def expand(record, x):
+            return gradient(record.i, record.r, expand_sparse)
+
+        def exact(x):
+            return -0.5 * x @ x, -x
+
+        return maximize_saga(
+            item, expand, exact, np.zeros(n), len(A), step_size=0.05,
+            max_epochs=300, tol=0.0, n_iter_no_change=10**6,
+            rng=np.random.default_rng(1),
+        )
+
+    dense = run(False, False)
+    sparse = run(True, stored_sparse)
+    np.testing.assert_array_equal(sparse.x, dense.x)
+    np.testing.assert_array_equal(sparse.state["total"], dense.state["total"])
+    H, rhs = np.eye(n), np.zeros(n)
+    for s_, a, bb in zip(supports, A, b, strict=True):
+        H[np.ix_(s_, s_)] += a.T @ a
+        rhs[s_] += a.T @ bb
+    np.testing.assert_allclose(sparse.x, np.linalg.solve(H, rhs), atol=2e-3)
+
+
+def test_sparse_gradient_differences_on_other_coordinates():
+    # A new gradient and a stored one on different coordinates (or one of
+    # them dense) subtract as the dense vectors do.
+    from skgpstruct.optim.saga import _difference
+
+    a = SparseGradient(np.array([0, 3]), np.array([1.0, 2.0]))
+    b = SparseGradient(np.array([3, 4]), np.array([0.5, 4.0]))
+    expected = a.toarray(6) - b.toarray(6)
+    for new, old in [(a, b), (a, b.toarray(6)), (a.toarray(6), b)]:
+        result = _difference(new, old, 6)
+        if isinstance(result, SparseGradient):
+            result = result.toarray(6)
+        np.testing.assert_array_equal(result, expected)
+    same = _difference(a, SparseGradient(a.indices, np.array([1.0, 1.0])), 6)
+    assert isinstance(same, SparseGradient) and same.indices is a.indices
+    np.testing.assert_array_equal(same.values, [0.0, 1.0])
 
 
 def test_saga_returns_the_best_point_on_the_held_out_score():
@@ -205,6 +278,18 @@ def test_local_gradient_expands_to_the_full_gradient(data, model_params):
             )
             ell, record, gradient = objective.evaluate_local(x, chunk_index, key)
             assert isinstance(record, LocalGradient)
+            expanded = objective.expand_local(x, record)
+            # Compact layouts (inducing features) give gradients on the
+            # chunk's own coordinates, the others dense ones.
+            compact = model_params["kernel"] == "linear"
+            assert isinstance(gradient, SparseGradient) == compact
+            assert isinstance(expanded, SparseGradient) == compact
+            if compact:
+                assert expanded.indices is gradient.indices
+                indices = gradient.indices
+                assert np.unique(indices).size == indices.size <= x.size
+                gradient = gradient.toarray(x.size)
+                expanded = expanded.toarray(x.size)
             np.testing.assert_allclose(ell, reference.ell, rtol=1e-12)
             np.testing.assert_allclose(gradient, reference.gradient, rtol=1e-10,
                                        atol=1e-12)
@@ -212,8 +297,7 @@ def test_local_gradient_expands_to_the_full_gradient(data, model_params):
             assert record.unary.dtype == np.float32
             scale = np.abs(reference.gradient).max()
             np.testing.assert_allclose(
-                objective.expand_local(x, record), reference.gradient,
-                rtol=1e-5, atol=1e-6 * scale,
+                expanded, reference.gradient, rtol=1e-5, atol=1e-6 * scale,
             )
 
 

@@ -21,8 +21,14 @@ from dataclasses import dataclass
 import numpy as np
 from joblib import delayed
 
-from .._linalg import single_blas_thread
-from .posterior import VariationalParameters, kl_pairwise, kl_unary
+from .._linalg import same_vector, single_blas_thread
+from ..optim.saga import SparseGradient
+from .posterior import (
+    VariationalParameters,
+    kl_pairwise,
+    kl_unary,
+    kl_unary_diagonal_packed,
+)
 from .terms import ReferencePosterior, SharedState, chunk_terms, expand_local
 
 __all__ = ["SparseELBO", "ELBOEvaluation", "LocalGradient"]
@@ -279,7 +285,8 @@ class SparseELBO:
             gradient = layout.pack_gradient(params, grads, d_theta, 0.0)
             return ELBOEvaluation(ell, gradient, ell, 0.0, 0.0)
         kl_u, kl_bin, kl_gradient = self.kl_terms(vector)
-        gradient = layout.pack_gradient(params, grads, d_theta, 0.0) + kl_gradient
+        gradient = layout.pack_gradient(params, grads, d_theta, 0.0)
+        gradient += kl_gradient
         return ELBOEvaluation(ell - kl_u - kl_bin, gradient, ell, kl_u, kl_bin)
 
     def _map_chunks(self, parallel, shared):
@@ -385,7 +392,7 @@ class SparseELBO:
         stored gradient and the KL terms at each step).
         """
         last = getattr(self, "_last_point", None)
-        if last is not None and np.array_equal(last[0], vector):
+        if last is not None and same_vector(last[0], vector):
             return last[1]
         params, theta = self.layout.unpack(vector)
         kernel = self.kernel_at(theta)
@@ -395,7 +402,9 @@ class SparseELBO:
 
     def __getstate__(self):
         state = self.__dict__.copy()
-        state.pop("_last_point", None)  # a cache, not shipped to workers
+        # Caches of the calling process, not shipped to workers.
+        state.pop("_last_point", None)
+        state.pop("_support_indices", None)
         return state
 
     def evaluate_local(self, vector, chunk_index, iteration_key):
@@ -417,7 +426,9 @@ class SparseELBO:
         -------
         ell : float
         local : LocalGradient
-        gradient : ndarray of shape (layout.size,)
+        gradient : ndarray of shape (layout.size,) or SparseGradient
+            Sparse (on the chunk's own coordinates) when the chunk's layout
+            is compact.
         """
         shared = self._shared_state(vector, iteration_key)
         chunk = self.chunks[chunk_index]
@@ -444,7 +455,7 @@ class SparseELBO:
             theta=theta,
         )
         packed = self._pack_chunk_gradient(
-            shared.params, support, res["q_mu"], res["q_sqrt"], local
+            chunk_index, shared.params, support, res["q_mu"], res["q_sqrt"], local
         )
         return res["ell"], local, packed
 
@@ -462,7 +473,8 @@ class SparseELBO:
 
         Returns
         -------
-        ndarray of shape (layout.size,)
+        ndarray of shape (layout.size,) or SparseGradient
+            As the gradient of :meth:`evaluate_local`.
         """
         shared = self._shared_state(vector)
         chunk = self.chunks[gradient.chunk_index]
@@ -471,18 +483,31 @@ class SparseELBO:
             chunk, restricted, gradient.unary, gradient.iteration_key
         )
         return self._pack_chunk_gradient(
-            shared.params, support, grad_mu, grad_sqrt, gradient
+            gradient.chunk_index, shared.params, support, grad_mu, grad_sqrt,
+            gradient,
         )
 
-    def _pack_chunk_gradient(self, params, support, grad_mu, grad_sqrt, local):
-        """Packed gradient of one chunk: its q_mu and q_sqrt gradients (on its
-        support) scattered to full size, the other parts taken from ``local``."""
-        full_mu, full_sqrt = np.zeros_like(params.q_mu), np.zeros_like(params.q_sqrt)
-        _add_at(full_mu, support, grad_mu)
-        _add_at(full_sqrt, support, grad_sqrt)
+    def _pack_chunk_gradient(self, chunk_index, params, support, grad_mu,
+                             grad_sqrt, local):
+        """Packed gradient of one chunk, the other parts taken from ``local``.
+
+        A :class:`~skgpstruct.optim.saga.SparseGradient` on the chunk's own
+        coordinates when its layout is compact (its ``q_mu`` and ``q_sqrt``
+        gradients are then on its support), else a dense vector.
+        """
         grads = VariationalParameters(
-            full_mu, full_sqrt, local.weights, local.pairwise_mean, local.pairwise_std
+            grad_mu, grad_sqrt, local.weights, local.pairwise_mean,
+            local.pairwise_std,
         )
+        if support is not None:
+            cache = self.__dict__.setdefault("_support_indices", {})
+            indices = cache.get(chunk_index)
+            if indices is None:
+                indices = cache[chunk_index] = self.layout.support_indices(support)
+            values = self.layout.pack_support_gradient(
+                params, support, grad_mu, grad_sqrt, grads, local.theta, 0.0
+            )
+            return SparseGradient(indices, values)
         return self.layout.pack_gradient(params, grads, local.theta, 0.0)
 
     def kl_terms(self, vector):
@@ -496,13 +521,30 @@ class SparseELBO:
         """
         layout = self.layout
         params = self._unpacked(vector)[0]
-        kl_u, kl_u_grads = kl_unary(params)
         prior_variance = layout.pairwise_prior_variance(
             vector, self.pairwise_prior_variance
         )
         kl_bin, kl_bin_mean, kl_bin_std, kl_bin_prior = kl_pairwise(
             params.pairwise_mean, params.pairwise_std, prior_variance
         )
+        theta_grad = np.zeros(layout.n_theta) if layout.n_theta else None
+        if params.weights.size == 1 and not params.full_covariance:
+            # One diagonal Gaussian: the KL's gradient in the packed
+            # coordinates directly, a few passes over q_mu and q_sqrt.
+            gradient = np.empty(layout.size)
+            kl_u = kl_unary_diagonal_packed(
+                params.q_mu, params.q_sqrt, vector[layout.slices["q_sqrt"]],
+                out_mu=gradient[layout.slices["q_mu"]],
+                out_log_sqrt=gradient[layout.slices["q_sqrt"]],
+            )
+            tail = VariationalParameters(
+                None, None, np.zeros(1), -kl_bin_mean, -kl_bin_std
+            )
+            gradient[layout.tail_start :] = layout.pack_tail_gradient(
+                params, tail, theta_grad, -kl_bin_prior
+            )
+            return kl_u, kl_bin, gradient
+        kl_u, kl_u_grads = kl_unary(params)
         grads = VariationalParameters(
             -kl_u_grads.q_mu,
             -kl_u_grads.q_sqrt,
@@ -510,6 +552,5 @@ class SparseELBO:
             -kl_bin_mean,
             -kl_bin_std,
         )
-        theta_grad = np.zeros(layout.n_theta) if layout.n_theta else None
         gradient = layout.pack_gradient(params, grads, theta_grad, -kl_bin_prior)
         return kl_u, kl_bin, gradient

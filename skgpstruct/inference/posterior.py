@@ -23,6 +23,7 @@ __all__ = [
     "VariationalParameters",
     "ParameterLayout",
     "kl_unary",
+    "kl_unary_diagonal_packed",
     "kl_pairwise",
 ]
 
@@ -204,8 +205,7 @@ class ParameterLayout:
         prior_grad : float or None
             Gradient with respect to the log pairwise prior variance.
         """
-        K, V = self.K, self.V
-        out = np.zeros(self.size)
+        out = np.empty(self.size)
         out[self.slices["q_mu"]] = grads.q_mu.ravel()
         if self.full_covariance:
             tri = grads.q_sqrt[:, :, self._tril[0], self._tril[1]].copy()
@@ -215,18 +215,101 @@ class ParameterLayout:
             tri[:, :, self._diag_in_tril] *= diag
             out[self.slices["q_sqrt"]] = tri.ravel()
         else:
-            out[self.slices["q_sqrt"]] = (grads.q_sqrt * params.q_sqrt).ravel()
-        if K > 1:
+            np.multiply(
+                grads.q_sqrt, params.q_sqrt,
+                out=out[self.slices["q_sqrt"]].reshape(params.q_sqrt.shape),
+            )
+        out[self.tail_start :] = self.pack_tail_gradient(
+            params, grads, theta_grad, prior_grad
+        )
+        return out
+
+    @property
+    def tail_start(self):
+        """Where the small parameters after ``q_mu`` and ``q_sqrt`` begin."""
+        return self.slices["q_sqrt"].stop
+
+    def pack_tail_gradient(self, params, grads, theta_grad=None, prior_grad=None):
+        """The packed gradient's entries from :attr:`tail_start` on.
+
+        Those of the mixture logits, the pairwise posterior, the kernel
+        hyperparameters and the pairwise prior variance (arguments as in
+        :meth:`pack_gradient`, whose ``q_mu`` and ``q_sqrt`` parts are not
+        read).
+        """
+        V = self.V
+        out = np.empty(self.size - self.tail_start)
+        start = self.tail_start
+
+        def part(name):
+            sl = self.slices[name]
+            return out[sl.start - start : sl.stop - start]
+
+        if self.K > 1:
             w, gw = params.weights, grads.weights
-            out[self.slices["logits"]] = w * (gw - np.dot(w, gw))
-        out[self.slices["pairwise_mean"]] = grads.pairwise_mean.reshape(V * V)
-        out[self.slices["pairwise_log_std"]] = (
+            part("logits")[:] = w * (gw - np.dot(w, gw))
+        part("pairwise_mean")[:] = grads.pairwise_mean.reshape(V * V)
+        part("pairwise_log_std")[:] = (
             grads.pairwise_std * params.pairwise_std
         ).reshape(V * V)
         if self.n_theta:
-            out[self.slices["theta"]] = theta_grad
+            part("theta")[:] = theta_grad
         if self.learn_pairwise_prior:
-            out[self.slices["pairwise_log_prior_variance"]] = prior_grad
+            part("pairwise_log_prior_variance")[:] = prior_grad
+        return out
+
+    def support_indices(self, support):
+        """Packed coordinates of the parameters a compact chunk touches.
+
+        With diagonal covariances: ``q_mu`` and ``q_sqrt`` of every
+        component and label at the inducing variables ``support``, then
+        every coordinate from :attr:`tail_start` on; the order of
+        :meth:`pack_support_gradient`'s values.
+        """
+        if self.full_covariance:
+            raise ValueError("support indices need diagonal covariances")
+        support = np.asarray(support, dtype=np.int64)
+        rows = (np.arange(self.K * self.V, dtype=np.int64) * self.M)[:, None]
+        local = (rows + support[None, :]).ravel()
+        return np.concatenate([
+            self.slices["q_mu"].start + local,
+            self.slices["q_sqrt"].start + local,
+            np.arange(self.tail_start, self.size, dtype=np.int64),
+        ])
+
+    def pack_support_gradient(self, params, support, grad_mu, grad_sqrt, grads,
+                              theta_grad=None, prior_grad=None):
+        """The packed gradient on :meth:`support_indices` ``(support)``.
+
+        Parameters
+        ----------
+        params : VariationalParameters
+            The point at which the gradient was taken (all inducing
+            variables).
+        support : ndarray of int
+        grad_mu, grad_sqrt : ndarray of shape (K, V, len(support))
+            Gradients with respect to ``q_mu`` and the diagonal ``q_sqrt``
+            at the support.
+        grads : VariationalParameters
+            Supplies the ``weights`` and pairwise gradients (its ``q_mu``
+            and ``q_sqrt`` are not read).
+        theta_grad, prior_grad
+            As in :meth:`pack_gradient`.
+
+        Returns
+        -------
+        ndarray of shape (2 * K * V * len(support) + size - tail_start,)
+        """
+        n_local = grad_mu.size
+        out = np.empty(2 * n_local + self.size - self.tail_start)
+        out[:n_local] = grad_mu.ravel()
+        np.multiply(
+            grad_sqrt, params.q_sqrt[:, :, support],
+            out=out[n_local : 2 * n_local].reshape(grad_sqrt.shape),
+        )
+        out[2 * n_local :] = self.pack_tail_gradient(
+            params, grads, theta_grad, prior_grad
+        )
         return out
 
 
@@ -247,6 +330,36 @@ def kl_pairwise(mean, std, prior_variance):
     kl = 0.5 * np.sum(second_moment - 1.0 - np.log(var) + np.log(prior_variance))
     grad_log_prior = 0.5 * np.sum(1.0 - second_moment)
     return kl, mean / prior_variance, std / prior_variance - 1.0 / std, grad_log_prior
+
+
+def kl_unary_diagonal_packed(q_mu, q_sqrt, log_sqrt, out_mu, out_log_sqrt):
+    """:func:`kl_unary` of one diagonal component, in packed coordinates.
+
+    The KL of ``N(q_mu, diag(q_sqrt^2))`` from ``N(0, I)``,
+    ``(|q_mu|^2 + |q_sqrt|^2 - n) / 2 - sum(log q_sqrt)``, with the
+    gradient of ``-KL`` with respect to ``q_mu`` (``-q_mu``) and to
+    ``log q_sqrt`` (``1 - q_sqrt^2``) written in place: the same figures as
+    :func:`kl_unary` chained through :meth:`ParameterLayout.pack_gradient`,
+    in a few passes.
+
+    Parameters
+    ----------
+    q_mu, q_sqrt : ndarray of shape (1, V, M)
+    log_sqrt : ndarray of shape (V * M,)
+        ``log(q_sqrt)`` as packed.
+    out_mu, out_log_sqrt : ndarray of shape (V * M,)
+        Where the two gradients are written.
+
+    Returns
+    -------
+    float
+    """
+    mu = q_mu.reshape(-1)
+    np.negative(mu, out=out_mu)
+    np.square(q_sqrt.reshape(-1), out=out_log_sqrt)
+    kl = 0.5 * (np.dot(mu, mu) + out_log_sqrt.sum() - mu.size) - log_sqrt.sum()
+    np.subtract(1.0, out_log_sqrt, out=out_log_sqrt)
+    return float(kl)
 
 
 def kl_unary(params):

@@ -60,6 +60,7 @@ from scipy.linalg import solve_triangular
 from scipy.linalg.blas import daxpy
 from scipy.optimize import line_search
 
+from .._linalg import same_vector
 from .box import SmoothBox, bound_arrays
 
 __all__ = ["OptimizationResult", "minimize_lbfgs", "minimize_lbfgs_rounds"]
@@ -227,15 +228,6 @@ class _CompactMemory:
         return daxpy(g, out, a=scale * self.gamma)  # in place: out += ... g
 
 
-def _same_point(a, b):
-    """Whether ``a`` and ``b`` are equal arrays (one cheap entry first)."""
-    if a is b:
-        return True
-    if a.shape != b.shape:
-        return False
-    return a.size == 0 or bool(a.flat[0] == b.flat[0] and np.all(a == b))
-
-
 class _Objective:
     """The minimised objective in the unbounded space, one evaluation per point.
 
@@ -288,7 +280,7 @@ class _Objective:
                 self.trial = (z, f, g, alpha)
 
     def __call__(self, z):
-        if self.last is not None and _same_point(z, self.last[0]):
+        if self.last is not None and same_vector(z, self.last[0]):
             return self.last[1], self.last[2]
         f, g = self.raw(z)
         if not (np.isfinite(f) and np.all(np.isfinite(g))):
@@ -359,7 +351,7 @@ def _line_search(objective, z, f, g, p):
     alpha = 0.5 * min(rejected, default=2.0)
     for _ in range(MAX_HALVINGS):
         z_new = z + alpha * p
-        if _same_point(z_new, z):
+        if same_vector(z_new, z):
             break
         f_new, g_new = objective(z_new)
         if sufficient(alpha, f_new):

@@ -13,6 +13,11 @@ gradients approach the current ones; then ``Phi += grad f_i - phi_i`` and
 ``phi_i = grad f_i`` (the sum is updated incrementally, never recomputed
 within an epoch).
 
+A gradient may be a dense vector or a :class:`SparseGradient` (zero
+outside a set of coordinates: a mini-batch only touches the parameters of
+its own features); an item's new gradient and its stored one then update
+the direction and the sum on those coordinates only.
+
 Stored gradients are opaque *records* in whatever compact form the caller
 chooses (for the GP, the gradient with respect to the item's own sampled
 potentials: memory in proportion to its tokens, not to the parameters); a
@@ -38,7 +43,57 @@ import numpy as np
 
 from .box import bound_arrays
 
-__all__ = ["SAGAResult", "maximize_saga"]
+__all__ = ["SAGAResult", "SparseGradient", "maximize_saga"]
+
+
+@dataclass(frozen=True)
+class SparseGradient:
+    """A gradient vector that is zero outside ``indices``.
+
+    Attributes
+    ----------
+    indices : ndarray of int64
+        Distinct coordinates; an item's gradients all use the same array
+        (its stored and new gradients are then subtracted entry by entry).
+    values : ndarray of float64, of the shape of ``indices``
+    """
+
+    indices: np.ndarray
+    values: np.ndarray
+
+    def toarray(self, size):
+        """The gradient as a dense vector of length ``size``."""
+        out = np.zeros(size)
+        out[self.indices] = self.values
+        return out
+
+
+def _difference(new, old, size):
+    """``new - old`` for dense or sparse gradients, sparse when both are on
+    the same coordinates (``new`` may be modified in place)."""
+    if isinstance(new, SparseGradient) and isinstance(old, SparseGradient):
+        if new.indices is old.indices or np.array_equal(new.indices, old.indices):
+            return SparseGradient(new.indices, new.values - old.values)
+    if isinstance(new, SparseGradient):
+        new = new.toarray(size)
+    if isinstance(old, SparseGradient):
+        new[old.indices] -= old.values
+    else:
+        new -= old
+    return new
+
+
+def _add_scaled(target, gradient, scale=1.0):
+    """``target += scale * gradient`` in place, on its support when sparse."""
+    if isinstance(gradient, SparseGradient):
+        if scale == 1.0:
+            target[gradient.indices] += gradient.values
+        else:
+            target[gradient.indices] += scale * gradient.values
+    elif scale == 1.0:
+        target += gradient
+    else:
+        target += scale * gradient
 
 
 @dataclass
@@ -96,11 +151,12 @@ def maximize_saga(
     item_value_and_grad : callable
         ``item_value_and_grad(i, step, x) -> (value, record, gradient)`` of
         item ``i`` (fresh Monte Carlo samples selected by ``step``):
-        ``gradient`` as a new vector (the optimiser may modify it in
-        place), ``record`` the same gradient in the form to store (anything
-        with an ``nbytes`` attribute).
+        ``gradient`` as a new vector (the optimiser may modify it in place)
+        or a :class:`SparseGradient`, ``record`` the same gradient in the
+        form to store (anything with an ``nbytes`` attribute).
     expand : callable
-        ``expand(record, x) -> gradient`` vector of a stored record at ``x``.
+        ``expand(record, x) -> gradient`` (a vector or a
+        :class:`SparseGradient`) of a stored record at ``x``.
     exact_value_and_grad : callable
         ``exact_value_and_grad(x) -> (value, gradient)`` of ``g``.
     x0 : ndarray of shape (n,)
@@ -163,7 +219,7 @@ def maximize_saga(
             total[:] = 0.0
             for record in stored:
                 if record is not None:
-                    total += expand(record, x)
+                    _add_scaled(total, expand(record, x))
         values = []
         rate = step_size / np.sqrt(epoch)
         for _ in range(n_items):
@@ -171,14 +227,13 @@ def maximize_saga(
             state["t"] += 1
             value, record, delta = item_value_and_grad(i, state["t"], x)
             if stored[i] is not None:
-                delta -= expand(stored[i], x)
+                delta = _difference(delta, expand(stored[i], x), n)
             stored[i] = record
             exact_value, exact_grad = exact_value_and_grad(x)
-            # direction = total + n_items * delta + exact_grad
-            np.multiply(delta, n_items, out=direction)
-            direction += total
-            direction += exact_grad
-            total += delta
+            # direction = total + exact_grad + n_items * delta
+            np.add(total, exact_grad, out=direction)
+            _add_scaled(direction, delta, n_items)
+            _add_scaled(total, delta)
             values.append(n_items * value + exact_value)
             m, v, t = state["m"], state["v"], state["t"]
             # Adam: m and v the moving moments, then
