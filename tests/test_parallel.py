@@ -8,6 +8,7 @@ import warnings
 
 import numpy as np
 import pytest
+import scipy.sparse as sp
 from joblib import parallel_config
 from sklearn.exceptions import ConvergenceWarning
 
@@ -203,6 +204,15 @@ def test_loky_leak_allowance_covers_the_cached_chunks(monkeypatch):
     noise_bytes = sum(a.nbytes for pair in held.noise_cache.values() for a in pair)
     assert held.nbytes >= held.X.data.nbytes + layout_bytes + noise_bytes
     assert process_executor._MAX_MEMORY_LEAK_SIZE == int(3e8) + 2 * held.nbytes
+    # lone_squares shares lone's index arrays: counted once, with its values.
+    without_squares = held.nbytes - split.lone_squares.data.nbytes
+    split.lone_squares = sp.csr_matrix(
+        (split.lone_squares.data, split.lone.indices.copy(),
+         split.lone.indptr.copy()), shape=split.lone.shape,
+    )
+    assert held.nbytes == without_squares + split.lone_squares.data.nbytes + (
+        split.lone.indices.nbytes + split.lone.indptr.nbytes
+    )
     elbo_module._CHUNK_CACHE.clear()
 
 

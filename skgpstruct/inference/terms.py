@@ -90,26 +90,38 @@ class Chunk:
 
     @property
     def nbytes(self):
-        """Memory of the chunk's arrays, its layout and its base samples."""
-        return _nbytes((self.X, self.offsets, self.labels, self.layout)) + _nbytes(
-            self.noise_cache
+        """Memory of the chunk's arrays, its layout and its base samples.
+
+        An array held in several places (the index arrays ``lone`` and
+        ``lone_squares`` share) is counted once.
+        """
+        return _nbytes(
+            (self.X, self.offsets, self.labels, self.layout, self.noise_cache), set()
         )
 
 
-def _nbytes(obj):
-    """Bytes of the arrays and sparse matrices in nested containers."""
+def _nbytes(obj, seen):
+    """Bytes of the arrays and sparse matrices in nested containers, each
+    memory block counted once (``seen`` holds the address and size of those
+    counted: an array and a view of all of it are one block)."""
     if obj is None:
         return 0
     if hasattr(obj, "data") and hasattr(obj, "indices"):  # sparse matrix
-        return obj.data.nbytes + obj.indices.nbytes + obj.indptr.nbytes
+        return sum(_nbytes(a, seen) for a in (obj.data, obj.indices, obj.indptr))
     if isinstance(obj, np.ndarray):
+        block = (obj.__array_interface__["data"][0], obj.nbytes)
+        if block in seen:
+            return 0
+        seen.add(block)
         return obj.nbytes
     if isinstance(obj, dict):
-        return sum(_nbytes(v) for v in obj.values())
+        return sum(_nbytes(v, seen) for v in obj.values())
     if isinstance(obj, (list, tuple)):
-        return sum(_nbytes(v) for v in obj)
+        return sum(_nbytes(v, seen) for v in obj)
     if hasattr(obj, "__dataclass_fields__"):
-        return sum(_nbytes(getattr(obj, name)) for name in obj.__dataclass_fields__)
+        return sum(
+            _nbytes(getattr(obj, name), seen) for name in obj.__dataclass_fields__
+        )
     return 0
 
 
@@ -531,9 +543,14 @@ def _stacked_unary(stacked, state, eps, xi):
     c_drawn = state.c[split.drawn_rows]
     drawn_mean = c_drawn * state.mean[split.drawn_rows]  # (n_drawn, K * V)
     drawn_sd = c_drawn * state.sd[split.drawn_rows]
-    f_mean = split.lone @ (state.c * state.mean) + split.U_drawn.T @ drawn_mean
-    f_drawn = split.U_drawn.T @ (drawn_sd[..., None] * eps).reshape(-1, K * V * S)
-    f = f_drawn.reshape(T, K, V, S) + f_mean.reshape(T, K, V, 1)
+    # One product with U_drawn^T for the drawn rows' means and their noise
+    # (columns: K * V means, then K * V * S noise terms).
+    drawn = np.concatenate(
+        [drawn_mean, (drawn_sd[..., None] * eps).reshape(-1, K * V * S)], axis=1
+    )
+    f_all = split.U_drawn.T @ drawn
+    f_mean = split.lone @ (state.c * state.mean) + f_all[:, : K * V]
+    f = f_all[:, K * V :].reshape(T, K, V, S) + f_mean.reshape(T, K, V, 1)
     unary = state.token_sd.reshape(T, K, V).transpose(1, 0, 2)[:, None] * xi
     unary += f.transpose(1, 3, 0, 2)
     return unary
