@@ -402,9 +402,7 @@ class SparseELBO:
 
     def __getstate__(self):
         state = self.__dict__.copy()
-        # Caches of the calling process, not shipped to workers.
-        state.pop("_last_point", None)
-        state.pop("_support_indices", None)
+        state.pop("_last_point", None)  # a cache, not shipped to workers
         return state
 
     def evaluate_local(self, vector, chunk_index, iteration_key):
@@ -455,7 +453,7 @@ class SparseELBO:
             theta=theta,
         )
         packed = self._pack_chunk_gradient(
-            chunk_index, shared.params, support, res["q_mu"], res["q_sqrt"], local
+            shared.params, support, res["q_mu"], res["q_sqrt"], local
         )
         return res["ell"], local, packed
 
@@ -483,12 +481,10 @@ class SparseELBO:
             chunk, restricted, gradient.unary, gradient.iteration_key
         )
         return self._pack_chunk_gradient(
-            gradient.chunk_index, shared.params, support, grad_mu, grad_sqrt,
-            gradient,
+            shared.params, support, grad_mu, grad_sqrt, gradient
         )
 
-    def _pack_chunk_gradient(self, chunk_index, params, support, grad_mu,
-                             grad_sqrt, local):
+    def _pack_chunk_gradient(self, params, support, grad_mu, grad_sqrt, local):
         """Packed gradient of one chunk, the other parts taken from ``local``.
 
         A :class:`~skgpstruct.optim.saga.SparseGradient` on the chunk's own
@@ -500,14 +496,12 @@ class SparseELBO:
             local.pairwise_std,
         )
         if support is not None:
-            cache = self.__dict__.setdefault("_support_indices", {})
-            indices = cache.get(chunk_index)
-            if indices is None:
-                indices = cache[chunk_index] = self.layout.support_indices(support)
+            # The indices are rebuilt at each call, not kept per chunk: kept,
+            # they would hold 2 K V int64 per stacked row of the data.
             values = self.layout.pack_support_gradient(
                 params, support, grad_mu, grad_sqrt, grads, local.theta, 0.0
             )
-            return SparseGradient(indices, values)
+            return SparseGradient(self.layout.support_indices(support), values)
         return self.layout.pack_gradient(params, grads, local.theta, 0.0)
 
     def kl_terms(self, vector):

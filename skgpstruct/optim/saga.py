@@ -53,8 +53,8 @@ class SparseGradient:
     Attributes
     ----------
     indices : ndarray of int64
-        Distinct coordinates; an item's gradients all use the same array
-        (its stored and new gradients are then subtracted entry by entry).
+        Distinct coordinates. When an item's new and stored gradients have
+        the same indices, they are subtracted entry by entry.
     values : ndarray of float64, of the shape of ``indices``
     """
 
