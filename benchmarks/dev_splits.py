@@ -25,6 +25,14 @@ pointwise mutual information of the label pairs)::
 
     OPENBLAS_NUM_THREADS=1 python benchmarks/dev_splits.py --transitions \\
         --setting likelihood=pseudo
+
+``--calibration`` also prints, per setting, the mean over the splits of the
+negative log-probability of the true label and the top-label ECE of
+``predict_marginals`` (averaged over posterior samples) and of the
+forward-backward marginals at the posterior mean potentials, with the mean
+top-label confidence of ``predict_marginals`` against its accuracy::
+
+    OPENBLAS_NUM_THREADS=1 python benchmarks/dev_splits.py --calibration
 """
 
 import argparse
@@ -37,6 +45,7 @@ import numpy as np
 from _common import (
     DATASETS,
     DEFAULT_DATA_DIR,
+    calibration,
     check_data_dir,
     command_line,
     take,
@@ -59,8 +68,12 @@ DEV_SPLITS = {
 N_SPLITS = 3
 
 
+_CONSTANTS = {"None": None, "True": True, "False": False}
+
+
 def parse_setting(text):
-    """``"a=1 b=x"`` or ``"a=1,b=x"`` -> {"a": 1, "b": "x"} (numbers parsed)."""
+    """``"a=1 b=x"`` or ``"a=1,b=x"`` -> {"a": 1, "b": "x"} (numbers, None,
+    True and False parsed)."""
     params = {}
     for item in text.replace(",", " ").split():
         if "=" not in item:
@@ -68,6 +81,9 @@ def parse_setting(text):
                 f"a setting is name=value pairs, got {item!r} in {text!r}"
             )
         name, value = item.split("=", 1)
+        if value in _CONSTANTS:
+            params[name] = _CONSTANTS[value]
+            continue
         for convert in (int, float):
             try:
                 value = convert(value)
@@ -94,12 +110,38 @@ def decode_with(model, X, pairwise):
     return [model.classes_[piece] for piece in split_by_offsets(labels, offsets)]
 
 
-def run(name, params, data_dir, transitions=False):
+def mean_potential_marginals(model, X):
+    """Forward-backward marginals at the posterior mean potentials."""
+    X_c, offsets = stack_sequences(X)
+    pairwise = model._decoding_pairwise(model.pairwise_mean_)
+    _, marginals, _ = chain.forward_backward(
+        model._mean_potentials(X_c, offsets)[None], pairwise[None], offsets
+    )
+    return split_by_offsets(marginals[0], offsets)
+
+
+def calibration_figures(model, X, y):
+    """NLL and ECE of both marginals, and the sampled ones' confidence and
+    accuracy (top label)."""
+    sampled = model.predict_marginals(X)
+    at_mean = calibration(y, mean_potential_marginals(model, X), model.classes_)
+    P = np.vstack(sampled)
+    top = model.classes_[P.argmax(axis=1)]
+    return {
+        "sampled": calibration(y, sampled, model.classes_),
+        "at the mean": at_mean,
+        "confidence": float(P.max(axis=1).mean()),
+        "accuracy": float(np.mean(top == np.concatenate(y))),
+    }
+
+
+def run(name, params, data_dir, transitions=False, with_calibration=False):
     """Errors, fit times and iterations over the splits; with ``transitions``
-    also the errors of the fitted and of no transitions (else empty)."""
+    also the errors of the fitted and of no transitions (else empty), with
+    ``with_calibration`` the :func:`calibration_figures` of every split."""
     tokens, labels, template = dev_pool(data_dir, name)
     n_train, n_test, seed = DEV_SPLITS[name]
-    errors, times, iterations = [], [], []
+    errors, times, iterations, calibrations = [], [], [], []
     variants = {"fitted transitions": [], "unaries only": []} if transitions else {}
     for split in range(N_SPLITS):
         order = np.random.default_rng(seed + split).permutation(len(tokens))
@@ -125,7 +167,26 @@ def run(name, params, data_dir, transitions=False):
                 variants[key].append(
                     token_error(y_test, decode_with(model, X_test, pairwise))
                 )
-    return errors, times, iterations, variants
+        if with_calibration:
+            calibrations.append(calibration_figures(model, X_test, y_test))
+    return errors, times, iterations, variants, calibrations
+
+
+def calibration_line(calibrations):
+    """The mean over the splits of :func:`calibration_figures`."""
+    def mean(get):
+        return np.mean([get(c) for c in calibrations])
+
+    parts = [
+        f"{key}: NLL {mean(lambda c, k=key: c[k]['nll']):.3f} "
+        f"ECE {mean(lambda c, k=key: c[k]['ece']):.4f}"
+        for key in ("sampled", "at the mean")
+    ]
+    return (
+        f"marginals {parts[0]}; {parts[1]}; sampled top-label confidence "
+        f"{mean(lambda c: c['confidence']):.3f}, accuracy "
+        f"{mean(lambda c: c['accuracy']):.3f}"
+    )
 
 
 def _errors(values):
@@ -149,14 +210,19 @@ def main(argv=None):
         "--transitions", action="store_true",
         help="also decode every fit with its fitted transitions and with none",
     )
+    parser.add_argument(
+        "--calibration", action="store_true",
+        help="also print the calibration of the sampled and mean-potential "
+        "marginals",
+    )
     args = parser.parse_args(argv)
     data_dir = check_data_dir(args.data)
     settings = args.setting or [{}]
     print(f"command: {command_line()}")
     for name in args.datasets:
         for params in settings:
-            errors, times, iterations, variants = run(
-                name, params, data_dir, args.transitions
+            errors, times, iterations, variants, calibrations = run(
+                name, params, data_dir, args.transitions, args.calibration
             )
             print(
                 f"{name:10s} {params or 'defaults'}: error {_errors(errors)}, fit "
@@ -165,6 +231,8 @@ def main(argv=None):
             )
             for key, values in variants.items():
                 print(f"{'':10s}   decoded with {key}: error {_errors(values)}")
+            if calibrations:
+                print(f"{'':10s}   {calibration_line(calibrations)}", flush=True)
     return 0
 
 

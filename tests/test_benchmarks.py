@@ -1,0 +1,107 @@
+"""The benchmark helpers every published figure goes through.
+
+The scripts under ``benchmarks/`` read the shared data sets and run for
+minutes, so they are not run here; their arithmetic is: the calibration
+figures (NLL and ECE) against values worked out by hand, the summary of
+folds, the dev splits' setting parser and their mean-potential marginals
+against enumeration.
+"""
+
+import importlib
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+from sklearn.exceptions import ConvergenceWarning
+
+BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
+
+
+@pytest.fixture(scope="module")
+def common():
+    sys.path.insert(0, str(BENCHMARKS))
+    try:
+        yield importlib.import_module("_common")
+    finally:
+        sys.path.remove(str(BENCHMARKS))
+
+
+@pytest.fixture(scope="module")
+def dev_splits(common):
+    sys.path.insert(0, str(BENCHMARKS))
+    try:
+        yield importlib.import_module("dev_splits")
+    finally:
+        sys.path.remove(str(BENCHMARKS))
+
+
+def test_calibration_by_hand(common):
+    # Four tokens, labels a / b. Top-label confidences 0.9, 0.6, 0.7, 0.55
+    # fall in bins 9, 6, 7, 5, one token each: ECE = mean |correct - conf|.
+    y = [["a", "b"], ["a", "a"]]
+    marginals = [
+        np.array([[0.9, 0.1], [0.4, 0.6]]),
+        np.array([[0.3, 0.7], [0.55, 0.45]]),
+    ]
+    result = common.calibration(y, marginals, ["a", "b"])
+    p_true = np.array([0.9, 0.6, 0.3, 0.55])
+    np.testing.assert_allclose(result["nll"], -np.mean(np.log(p_true)))
+    correct = np.array([1, 1, 0, 1])
+    confidence = np.array([0.9, 0.6, 0.7, 0.55])
+    np.testing.assert_allclose(result["ece"], np.mean(np.abs(correct - confidence)))
+
+
+def test_calibration_pools_tokens_in_one_bin(common):
+    # Two tokens in the same bin: |mean correct - mean confidence| there,
+    # not the mean of the two gaps.
+    y = [["a", "a"]]
+    marginals = [np.array([[0.82, 0.18], [0.12, 0.88]])]
+    result = common.calibration(y, marginals, ["a", "b"])
+    np.testing.assert_allclose(result["ece"], abs(0.5 - (0.82 + 0.88) / 2))
+    # A label the model does not know has probability 0 (clipped in the log).
+    unseen = common.calibration([["c"]], [np.array([[0.5, 0.5]])], ["a", "b"])
+    np.testing.assert_allclose(unseen["nll"], -np.log(1e-12))
+
+
+def test_token_error_and_fold_summary(common):
+    assert common.token_error([["a", "b"], ["c"]], [["a", "c"], ["c"]]) == (
+        pytest.approx(100 / 3)
+    )
+    assert common.format_mean_std([1.0, 3.0]) == f"2.00 ({np.sqrt(2):.2f})"
+    assert common.format_mean_std([1.0, np.nan]) == "1.00 [1 failed]"
+    assert common.format_mean_std([np.nan]) == "failed"
+
+
+def test_dev_setting_parser(dev_splits):
+    assert dev_splits.parse_setting("a=1 b=0.5,c=x") == {"a": 1, "b": 0.5, "c": "x"}
+    assert dev_splits.parse_setting("a=None b=True c=False") == {
+        "a": None, "b": True, "c": False
+    }
+    with pytest.raises(Exception, match="name=value"):
+        dev_splits.parse_setting("a=1 b")
+
+
+def test_mean_potential_marginals_match_enumeration(dev_splits):
+    # On a two-token chain, the forward-backward marginals at the posterior
+    # mean potentials, against brute force over the four labellings.
+    from skgpstruct import GPStructClassifier
+    from skgpstruct.datasets import make_sequences
+
+    X, y = make_sequences(12, random_state=0, n_classes=2)
+    model = GPStructClassifier(kernel="linear", max_iter=5, random_state=0)
+    with pytest.warns(ConvergenceWarning):
+        model.fit(X, y)
+    x = [X[0][:2]]
+    marginals = dev_splits.mean_potential_marginals(model, x)[0]
+    offsets = np.array([0, 2])
+    unary = model._mean_potentials(np.asarray(x[0]), offsets)
+    pairwise = model.pairwise_mean_
+    scores = np.array([
+        [unary[0, a] + unary[1, b] + pairwise[a, b] for b in range(2)]
+        for a in range(2)
+    ])
+    joint = np.exp(scores - scores.max())
+    joint /= joint.sum()
+    np.testing.assert_allclose(marginals[0], joint.sum(axis=1), rtol=1e-10)
+    np.testing.assert_allclose(marginals[1], joint.sum(axis=0), rtol=1e-10)
