@@ -216,6 +216,32 @@ def test_loky_leak_allowance_covers_the_cached_chunks(monkeypatch):
     elbo_module._CHUNK_CACHE.clear()
 
 
+def test_cached_bytes_are_counted_while_the_cache_grows():
+    # Threads of one process share the chunk cache: while one counts the
+    # bytes held, another may add base samples to a chunk's cache. Counting
+    # must take a snapshot of each dict first (a fit with n_jobs=2 threads
+    # failed with "dictionary changed size during iteration"). Here the
+    # growth happens deterministically in the middle of the count.
+    from skgpstruct.inference.terms import _nbytes
+
+    class GrowsWhenRead:
+        __dataclass_fields__ = {"samples": None}
+
+        def __init__(self, cache):
+            self.cache = cache
+
+        @property
+        def samples(self):
+            self.cache[len(self.cache)] = np.zeros(3)  # another thread's insert
+            return np.zeros(4)
+
+    cache = {}
+    cache[0] = GrowsWhenRead(cache)
+    cache[1] = np.zeros(2)
+    assert _nbytes(cache, set()) == 4 * 8 + 2 * 8
+    assert len(cache) == 3
+
+
 def test_single_blas_thread_is_counted_and_restored():
     # The limit holds until the last open context closes (fits and chunks in
     # threads of one process share it), then the original is back.

@@ -58,7 +58,8 @@ def _allow_cached_memory(store):
         return
     if not hasattr(process_executor, "_MAX_MEMORY_LEAK_SIZE"):
         return  # pragma: no cover - a loky without the leak check
-    held = sum(chunk.nbytes for chunk in store.values())
+    # tuple(): a snapshot, as other threads of this process may add chunks.
+    held = sum(chunk.nbytes for chunk in tuple(store.values()))
     process_executor._MAX_MEMORY_LEAK_SIZE = _LOKY_LEAK_ALLOWANCE + 2 * held
 
 

@@ -114,9 +114,12 @@ def _nbytes(obj, seen):
             return 0
         seen.add(block)
         return obj.nbytes
-    if isinstance(obj, dict):
-        return sum(_nbytes(v, seen) for v in obj.values())
-    if isinstance(obj, (list, tuple)):
+    if isinstance(obj, dict | list):
+        # A snapshot first (taken at once under the GIL): another thread may
+        # add base samples to a chunk's cache while this one counts them.
+        values = tuple(obj.values() if isinstance(obj, dict) else obj)
+        return sum(_nbytes(v, seen) for v in values)
+    if isinstance(obj, tuple):
         return sum(_nbytes(v, seen) for v in obj)
     if hasattr(obj, "__dataclass_fields__"):
         return sum(
