@@ -547,9 +547,12 @@ def _stacked_unary(stacked, state, eps, xi):
     drawn_mean = c_drawn * state.mean[split.drawn_rows]  # (n_drawn, K * V)
     drawn_sd = c_drawn * state.sd[split.drawn_rows]
     # One product with U_drawn^T for the drawn rows' means and their noise
-    # (columns: K * V means, then K * V * S noise terms).
-    drawn = np.concatenate(
-        [drawn_mean, (drawn_sd[..., None] * eps).reshape(-1, K * V * S)], axis=1
+    # (columns: K * V means, then K * V * S noise terms), both written in
+    # place into one array.
+    drawn = np.empty((eps.shape[0], K * V * (S + 1)))
+    drawn[:, : K * V] = drawn_mean
+    np.multiply(
+        drawn_sd[..., None], eps, out=drawn[:, K * V :].reshape(eps.shape)
     )
     f_all = split.U_drawn.T @ drawn
     f_mean = split.lone @ (state.c * state.mean) + f_all[:, : K * V]
