@@ -303,6 +303,9 @@ def test_stacked_projection_blocks_are_the_sequences_features(dense):
                 U[start + i, t0:t1] = lone[t0:t1, row]
         expected = scales[rows][:, None] * values
         np.testing.assert_array_equal(projection.rows[n], rows)
+        # The layout's per-sequence rows view its stacked rows (one copy).
+        np.testing.assert_array_equal(layout.rows[n], rows)
+        assert np.shares_memory(layout.rows[n], layout.stacked_rows)
         np.testing.assert_allclose(projection.B[n], expected)
         block = scales[stacked.rows[start : start + rows.size], None] * U[
             start : start + rows.size

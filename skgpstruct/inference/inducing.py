@@ -238,7 +238,7 @@ class FeatureLayout:
     ----------
     rows : list of ndarray of int64
         Per sequence, its active features and the bias (numbered within
-        ``support`` when it is not None).
+        ``support`` when it is not None): views of ``stacked_rows``.
     support : ndarray of int64 or None
         Compact layouts: the features active anywhere in the chunk and the
         bias, which ``rows`` are numbered within.
@@ -416,10 +416,13 @@ class InducingFeatures:
         U = sp.csr_matrix((values, coords), shape=(n_stacked, n_tokens))
         all_rows = np.concatenate(rows) if rows else np.zeros(0, np.int64)
         n_space = self.n_inducing if support is None else support.size
-        row_starts = np.concatenate([[0], np.cumsum([r.size for r in rows])])
+        row_starts = np.concatenate(
+            [[0], np.cumsum([r.size for r in rows])]
+        ).astype(np.int64)
+        # Each sequence's rows as a view of the stacked ones: one copy kept.
+        rows = np.split(all_rows, row_starts[1:-1]) if rows else []
         return FeatureLayout(
-            rows, support, row_starts.astype(np.int64), all_rows,
-            RowSplit.of(U, all_rows, n_space),
+            rows, support, row_starts, all_rows, RowSplit.of(U, all_rows, n_space),
         )
 
     @staticmethod

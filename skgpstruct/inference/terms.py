@@ -93,7 +93,10 @@ class Chunk:
         """Memory of the chunk's arrays, its layout and its base samples.
 
         An array held in several places (the index arrays ``lone`` and
-        ``lone_squares`` share) is counted once.
+        ``lone_squares`` share) is counted once. The layout's per-sequence
+        ``rows``, views of parts of its ``stacked_rows``, are counted again:
+        a slight over-estimate, which is safe for what it serves (the loky
+        leak allowance).
         """
         return _nbytes(
             (self.X, self.offsets, self.labels, self.layout, self.noise_cache), set()
@@ -103,7 +106,8 @@ class Chunk:
 def _nbytes(obj, seen):
     """Bytes of the arrays and sparse matrices in nested containers, each
     memory block counted once (``seen`` holds the address and size of those
-    counted: an array and a view of all of it are one block)."""
+    counted: an array and a view of all of it are one block; views of parts
+    of an array are counted again, an over-estimate)."""
     if obj is None:
         return 0
     if hasattr(obj, "data") and hasattr(obj, "indices"):  # sparse matrix
