@@ -103,20 +103,24 @@ def dev_pool(data_dir, name):
     return tokens[start:], labels[start:], folder / "template"
 
 
+def _mean_unaries(model, X):
+    """The model's posterior mean unaries of the stacked ``X``, and offsets."""
+    X_c, offsets = stack_sequences(X)
+    return model._mean_potentials(X_c, offsets), offsets
+
+
 def decode_with(model, X, pairwise):
     """Viterbi on the model's posterior mean unaries and ``pairwise``."""
-    X_c, offsets = stack_sequences(X)
-    labels, _ = chain.viterbi(model._mean_potentials(X_c, offsets), pairwise, offsets)
+    unary, offsets = _mean_unaries(model, X)
+    labels, _ = chain.viterbi(unary, pairwise, offsets)
     return [model.classes_[piece] for piece in split_by_offsets(labels, offsets)]
 
 
 def mean_potential_marginals(model, X):
     """Forward-backward marginals at the posterior mean potentials."""
-    X_c, offsets = stack_sequences(X)
+    unary, offsets = _mean_unaries(model, X)
     pairwise = model._decoding_pairwise(model.pairwise_mean_)
-    _, marginals, _ = chain.forward_backward(
-        model._mean_potentials(X_c, offsets)[None], pairwise[None], offsets
-    )
+    _, marginals, _ = chain.forward_backward(unary[None], pairwise[None], offsets)
     return split_by_offsets(marginals[0], offsets)
 
 
