@@ -53,6 +53,7 @@ from _common import (
     DEFAULT_DATA_DIR,
     MEASURED_TABLE1,
     PAPER_TABLE1,
+    PEERS,
     Stopwatch,
     calibration,
     calibration_rows,
@@ -60,6 +61,7 @@ from _common import (
     check_data_dir,
     command_line,
     crfsuite_available,
+    difference_rows,
     environment,
     fold_split,
     format_mean_std,
@@ -274,6 +276,7 @@ def main(argv=None):
         return [
             format_mean_std([r["error"] for r in folds]),
             _peer_cells(folds, "crf"),
+            _peer_cells(folds, "crf_wide"),
             _peer_cells(folds, "logreg"),
             format_mean_std([r["fit_time"] for r in folds], digits=1, unit=" s"),
             format_mean_std([r["predict_time"] for r in folds], digits=1, unit=" s"),
@@ -294,7 +297,8 @@ def main(argv=None):
     print("## GP-ESS, measured (mean (std over folds, ddof=1))")
     print()
     print(markdown_table(
-        ["data set", "fold", "ESS error %", "CRF error %", "LR error %", "ESS fit",
+        ["data set", "fold", "ESS error %", "CRF error %", "CRF {1e-4..10} error %",
+         "LR error %", "ESS fit",
          "ESS predict", "CRF selection + refit", "ESS fit / CRF time",
          "paper GP-ESS (quoted)", "CRF (BENCHMARK.md, quoted)"],
         rows,
@@ -305,9 +309,20 @@ def main(argv=None):
     print(markdown_table(
         ["data set", "model", "NLL of the true label (nats/token)",
          "ECE (top label)"],
-        calibration_rows(results, [("GP-ESS", None), ("CRF", "crf"), ("LR", "logreg")]),
+        calibration_rows(
+            results, [("GP-ESS", None), *((label, key) for key, label in PEERS)]
+        ),
     ))
     print()
+    if not args.no_peers:
+        print("## Paired differences, ESS minus peer (error points, mean "
+              "(standard error) over the folds)")
+        print()
+        print(markdown_table(
+            ["data set", "peer", "ESS - peer", "folds where ESS is lower"],
+            difference_rows(results, lambda fold: fold["error"]),
+        ))
+        print()
     print("## Error % against iterations (running average; single sample)")
     print()
     for name, folds in results.items():

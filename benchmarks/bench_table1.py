@@ -32,6 +32,7 @@ import sys
 
 from _common import (
     CRF_C2_GRID,
+    CRF_C2_WIDE_GRID,
     CRF_MISSING,
     DATASETS,
     DEFAULT_DATA_DIR,
@@ -39,12 +40,14 @@ from _common import (
     LR_C_GRID,
     MEASURED_TABLE1,
     PAPER_TABLE1,
+    PEERS,
     PROBE_BASENP,
     calibration_rows,
     calibration_text,
     check_data_dir,
     command_line,
     crfsuite_available,
+    difference_rows,
     environment,
     fit_gp,
     fold_split,
@@ -201,6 +204,7 @@ def _cells(folds, with_crf):
     return [
         gp_err,
         fmt([r["crf"]["error"] for r in folds], unit=""),
+        fmt([r["crf_wide"]["error"] for r in folds], unit=""),
         lr_err,
         gp_fit,
         fmt([r["crf"]["select_time"] for r in folds]),
@@ -256,7 +260,8 @@ def main(argv=None):
 
     header = ["data set", "fold", "GP error %"]
     if with_crf:
-        header += ["CRF error %", "LR error %", "GP fit", "CRF selection",
+        header += ["CRF error %", "CRF {1e-4..10} error %", "LR error %",
+                   "GP fit", "CRF selection",
                    "CRF refit", "LR selection + refit", "GP / CRF time"]
     else:
         header += ["LR error %", "GP fit", "LR selection + refit"]
@@ -265,13 +270,25 @@ def main(argv=None):
     print(markdown_table(header, summary_rows(results, with_crf)))
     print()
     print("GP / CRF time = GP fit time / (CRF c2 selection + CRF refit), per "
-          "fold, then averaged.")
+          "fold, then averaged. CRF: c2 over the protocol's grid "
+          f"{list(CRF_C2_GRID)}; CRF {{1e-4..10}}: over "
+          f"{list(CRF_C2_WIDE_GRID)}, the grid of BENCHMARK.md's measured row.")
+    print()
+    print("## Paired differences, GP minus peer (error points, mean (standard "
+          "error) over the folds)")
+    print()
+    print(markdown_table(
+        ["data set", "peer", "GP - peer", "folds where the GP is lower"],
+        difference_rows(results, lambda fold: fold["gp"].get("error")),
+    ))
     print()
     print("## Calibration of the per-token marginals (mean (std over folds))")
     print()
     print(markdown_table(
         ["data set", "model", "NLL of the true label (nats/token)", "ECE (top label)"],
-        calibration_rows(results, [("GP", "gp"), ("CRF", "crf"), ("LR", "logreg")]),
+        calibration_rows(
+            results, [("GP", "gp"), *((label, key) for key, label in PEERS)]
+        ),
     ))
     print()
     print("## Quoted from BENCHMARK.md (not measured in this run)")

@@ -52,8 +52,10 @@ from _common import (
     DATASETS,
     MEASURED_TABLE1,
     PAPER_TABLE1,
+    PEERS,
     PROBE_BASENP,
     QUOTED_SECTION2,
+    difference_rows,
     format_mean_std,
     markdown_table,
     paper_gp_row,
@@ -272,9 +274,9 @@ def table1_section(suite, results):
         return _section("1. Table 1 (BENCHMARK.md section 1)", "\n\n".join(parts))
     names = [n for n in DATASETS if any(n in p["results"] for _, p in runs)]
 
-    err_rows, cal_rows, time_rows = [], [], []
+    err_rows, cal_rows, time_rows, diff_rows = [], [], [], []
     for name in names:
-        peers = {"CRF": {}, "LR": {}}
+        peers = {label: {} for _, label in PEERS}
         for step, payload in runs:
             folds = payload["results"].get(name)
             if not folds:
@@ -285,6 +287,7 @@ def table1_section(suite, results):
                 name, step.title, _folds_label(folds),
                 _ms([g["error"] for g in gps]),
                 _ms(_values(folds, "crf", "error")),
+                _ms(_values(folds, "crf_wide", "error")),
                 _ms(_values(folds, "logreg", "error")),
                 f"{row}: {PAPER_TABLE1[name][row]}" if row else "no paper row",
             ])
@@ -293,7 +296,11 @@ def table1_section(suite, results):
                 name, f"GP, {step.title}",
                 _ms([c["nll"] for c in cal], 3), _ms([c["ece"] for c in cal], 4),
             ])
-            for key, label in (("crf", "CRF"), ("logreg", "LR")):
+            diff_rows += [
+                [row[0], step.title, *row[1:]]
+                for row in difference_rows({name: folds}, lambda f: _gp(f).get("error"))
+            ]
+            for key, label in PEERS:
                 pc = _values(folds, key, "calibration")
                 if pc:
                     peers[label][step.name] = (
@@ -322,13 +329,24 @@ def table1_section(suite, results):
     parts.append(
         "### Token error % (mean (std over folds, ddof=1))\n\n" + markdown_table(
             ["data set", "GP mode", "folds", "GP error %", "CRF error % (same run)",
-             "LR error % (same run)", "paper (quoted)"],
+             "CRF {1e-4..10} error % (same run)", "LR error % (same run)",
+             "paper (quoted)"],
             err_rows,
         ))
     parts.append(
         "CRF: sklearn-crfsuite, L-BFGS, c1=0, c2 by 3-fold inner CV over "
-        "{0.01, 0.1, 1, 10}; LR: per-token LogisticRegression, C by the same "
-        "CV; both on the GP's features, in the same process.")
+        "{0.01, 0.1, 1, 10} (BENCHMARK.md section 3); CRF {1e-4..10}: the same "
+        "over {1e-4, 1e-3, 0.01, 0.1, 1, 10}, the grid of BENCHMARK.md's "
+        "measured CRF row; LR: per-token LogisticRegression, C by the same "
+        "CV; all on the GP's features, in the same process.")
+    if diff_rows:
+        parts.append(
+            "### Paired differences, GP minus peer (error points, mean "
+            "(standard error) over the same folds)\n\n" + markdown_table(
+                ["data set", "GP mode", "peer", "GP - peer",
+                 "folds where the GP is lower"],
+                diff_rows,
+            ))
     quoted = [[n, PAPER_TABLE1[n]["CRF"], PAPER_TABLE1[n]["SVM-struct"],
                MEASURED_TABLE1[n]["CRF"], MEASURED_TABLE1[n]["SSVM"],
                MEASURED_TABLE1[n]["LR"], MEASURED_TABLE1[n]["CRF time"]]

@@ -2,9 +2,10 @@
 
 The scripts under ``benchmarks/`` read the shared data sets and run for
 minutes, so they are not run here; their arithmetic is: the calibration
-figures (NLL and ECE) against values worked out by hand, the summary of
-folds, the dev splits' setting parser and their mean-potential marginals
-against enumeration.
+figures (NLL and ECE) and the paired differences against the peers against
+values worked out by hand, the summary of folds, the CRF peer's selection
+over two c2 grids from one inner cross-validation, the dev splits' setting
+parser and their mean-potential marginals against enumeration.
 """
 
 import importlib
@@ -105,3 +106,50 @@ def test_mean_potential_marginals_match_enumeration(dev_splits):
     joint /= joint.sum()
     np.testing.assert_allclose(marginals[0], joint.sum(axis=1), rtol=1e-10)
     np.testing.assert_allclose(marginals[1], joint.sum(axis=0), rtol=1e-10)
+
+
+def test_paired_difference_by_hand(common):
+    # Differences -1, +0.5, -2: mean -0.833..., std (ddof=1) 1.2583...,
+    # standard error std / sqrt(3) = 0.7265; the first is lower on 2 folds.
+    text, lower = common.paired_difference([3.0, 4.5, 1.0], [4.0, 4.0, 3.0])
+    assert text == "-0.83 (0.73)"
+    assert lower == "2 of 3"
+    # A failed fold (NaN) is skipped, not counted as a loss or a win.
+    assert common.paired_difference([np.nan, 2.0], [1.0, 1.0]) == ("+1.00", "0 of 1")
+    assert common.paired_difference([np.nan], [1.0]) == ("-", "-")
+
+
+def test_difference_rows_cover_every_peer_that_ran(common):
+    folds = [
+        {"gp": {"error": 5.0}, "crf": {"error": 6.0}, "logreg": {"error": 5.0}},
+        {"gp": {"failure": "boom"}, "crf": {"error": 1.0}, "logreg": {"error": 9.0}},
+        {"gp": {"error": 3.0}, "crf": {"error": 2.0}, "logreg": {"error": 4.0}},
+    ]
+    rows = common.difference_rows({"toy": folds}, lambda f: f["gp"].get("error"))
+    # crf_wide did not run on these folds: no row for it.
+    assert rows == [
+        ["toy", "CRF", "+0.00 (1.00)", "1 of 2"],
+        ["toy", "LR", "-0.50 (0.50)", "1 of 2"],
+    ]
+
+
+def test_crfsuite_grids_share_the_inner_cv(common):
+    pytest.importorskip("sklearn_crfsuite")
+    from skgpstruct.datasets import make_sequences
+
+    X, y = make_sequences(n_sequences=18, n_features=12, sparse=True, random_state=0)
+    names = np.array([f"f{j}" for j in range(X[0].shape[1])])
+    C = common.to_crfsuite(X, names)
+    grids = {"narrow": (0.1, 10.0), "wide": (1e-3, 0.1, 10.0)}
+    out = common.run_crfsuite_grids(C[:12], y[:12], C[12:], y[12:], grids)
+    alone = common.run_crfsuite(C[:12], y[:12], C[12:], y[12:], grid=grids["narrow"])
+    # Each grid picks the best of its own values; crfsuite is deterministic,
+    # so the shared CV scores what a run on that grid alone scores.
+    assert out["narrow"]["cv_accuracy"] == alone["cv_accuracy"]
+    assert out["narrow"]["c2"] == alone["c2"]
+    assert out["narrow"]["error"] == alone["error"]
+    for name, grid in grids.items():
+        scores = out[name]["cv_accuracy"]
+        assert set(scores) == {str(c) for c in grid}
+        assert scores[str(out[name]["c2"])] == max(scores.values())
+    assert out["wide"]["cv_accuracy"]["0.1"] == out["narrow"]["cv_accuracy"]["0.1"]
