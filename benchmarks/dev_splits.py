@@ -33,9 +33,21 @@ forward-backward marginals at the posterior mean potentials, with the mean
 top-label confidence of ``predict_marginals`` against its accuracy::
 
     OPENBLAS_NUM_THREADS=1 python benchmarks/dev_splits.py --calibration
+
+``--peers`` also runs, once per data set, the peers of the Table 1 bench on
+the same splits and features (sklearn-crfsuite with c2 by inner CV over
+both grids, the per-token LR), with their error, NLL and ECE.
+``--variance-scales C ...`` refits every (linear-kernel) fit with its
+hyperparameters frozen at ``C`` times the prior variances it learned
+(pairwise prior variance as learned): whether the ELBO's choice of the
+regularisation is what a rescaling would improve on::
+
+    OPENBLAS_NUM_THREADS=1 python benchmarks/dev_splits.py --peers \
+        --variance-scales 0.5 2 4 16
 """
 
 import argparse
+import copy
 import sys
 import time
 import warnings
@@ -43,13 +55,19 @@ from pathlib import Path
 
 import numpy as np
 from _common import (
+    CRF_C2_GRID,
+    CRF_C2_WIDE_GRID,
     DATASETS,
     DEFAULT_DATA_DIR,
     calibration,
     check_data_dir,
     command_line,
+    crfsuite_available,
+    run_crfsuite_grids,
+    run_logreg,
     take,
     template_features,
+    to_crfsuite,
     token_error,
 )
 from sklearn.exceptions import ConvergenceWarning
@@ -139,23 +157,63 @@ def calibration_figures(model, X, y):
     }
 
 
-def run(name, params, data_dir, transitions=False, with_calibration=False):
-    """Errors, fit times and iterations over the splits; with ``transitions``
-    also the errors of the fitted and of no transitions (else empty), with
-    ``with_calibration`` the :func:`calibration_figures` of every split."""
+def splits(name, data_dir):
+    """The data set's dev splits: ``(X_train, y_train, X_test, y_test,
+    feature_names)`` for each, features fitted on the training part."""
     tokens, labels, template = dev_pool(data_dir, name)
     n_train, n_test, seed = DEV_SPLITS[name]
-    errors, times, iterations, calibrations = [], [], [], []
-    variants = {"fitted transitions": [], "unaries only": []} if transitions else {}
     for split in range(N_SPLITS):
         order = np.random.default_rng(seed + split).permutation(len(tokens))
         train = order[:n_train]
         test = order[n_train:] if n_test is None else order[n_train : n_train + n_test]
-        X_train, X_test, _, _ = template_features(
+        X_train, X_test, names, _ = template_features(
             template, take(tokens, train), take(tokens, test)
         )
         y_train = [np.asarray(y) for y in take(labels, train)]
         y_test = [np.asarray(y) for y in take(labels, test)]
+        yield X_train, y_train, X_test, y_test, names
+
+
+def frozen_refit(model, scale, X, y):
+    """``model`` refitted with its kernel frozen at ``scale`` times the prior
+    variances it learned (bias and pairwise prior variance as learned)."""
+    kernel = copy.deepcopy(model.kernel_)
+    kernel.set_params(variance=scale * np.asarray(kernel.variance))
+    refit = GPStructClassifier(**{
+        **model.get_params(), "kernel": kernel, "learn_hyperparameters": False,
+        "pairwise_prior_variance": model.pairwise_prior_variance_,
+    })
+    return refit.fit(X, y)
+
+
+def run_peers(name, data_dir):
+    """The CRF (both c2 grids, when sklearn-crfsuite is installed) and the LR
+    on every split: ``{peer: [result per split]}``."""
+    out = {}
+    with_crf = crfsuite_available()
+    for X_train, y_train, X_test, y_test, names in splits(name, data_dir):
+        if with_crf:
+            crfs = run_crfsuite_grids(
+                to_crfsuite(X_train, names), y_train, to_crfsuite(X_test, names),
+                y_test, {"CRF": CRF_C2_GRID, "CRF {1e-4..10}": CRF_C2_WIDE_GRID},
+            )
+            for key, result in crfs.items():
+                out.setdefault(key, []).append(result)
+        out.setdefault("LR", []).append(run_logreg(X_train, y_train, X_test, y_test))
+    return out
+
+
+def run(name, params, data_dir, transitions=False, with_calibration=False,
+        variance_scales=()):
+    """Errors, fit times and iterations over the splits; with ``transitions``
+    also the errors of the fitted and of no transitions (else empty), with
+    ``with_calibration`` the :func:`calibration_figures` of every split, and
+    with ``variance_scales`` the errors of every :func:`frozen_refit`."""
+    errors, times, iterations, calibrations = [], [], [], []
+    variants = {"fitted transitions": [], "unaries only": []} if transitions else {}
+    for scale in variance_scales:
+        variants[f"variances x {scale:g} (frozen)"] = []
+    for X_train, y_train, X_test, y_test, _ in splits(name, data_dir):
         model = GPStructClassifier(**{"random_state": 0, **params})
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", ConvergenceWarning)
@@ -171,6 +229,13 @@ def run(name, params, data_dir, transitions=False, with_calibration=False):
                 variants[key].append(
                     token_error(y_test, decode_with(model, X_test, pairwise))
                 )
+        for scale in variance_scales:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", ConvergenceWarning)
+                refit = frozen_refit(model, scale, X_train, y_train)
+            variants[f"variances x {scale:g} (frozen)"].append(
+                token_error(y_test, refit.predict(X_test))
+            )
         if with_calibration:
             calibrations.append(calibration_figures(model, X_test, y_test))
     return errors, times, iterations, variants, calibrations
@@ -219,14 +284,33 @@ def main(argv=None):
         help="also print the calibration of the sampled and mean-potential "
         "marginals",
     )
+    parser.add_argument(
+        "--peers", action="store_true",
+        help="also run the CRF (both c2 grids) and the per-token LR on the "
+        "same splits, once per data set",
+    )
+    parser.add_argument(
+        "--variance-scales", nargs="+", type=float, default=(), metavar="C",
+        help="also refit every fit with its prior variances frozen at C times "
+        "the learned ones (linear kernels)",
+    )
     args = parser.parse_args(argv)
     data_dir = check_data_dir(args.data)
     settings = args.setting or [{}]
     print(f"command: {command_line()}")
     for name in args.datasets:
+        if args.peers:
+            for peer, results in run_peers(name, data_dir).items():
+                print(
+                    f"{name:10s} {peer}: error {_errors([r['error'] for r in results])}"
+                    f", NLL {np.mean([r['calibration']['nll'] for r in results]):.3f}"
+                    f" ECE {np.mean([r['calibration']['ece'] for r in results]):.4f}",
+                    flush=True,
+                )
         for params in settings:
             errors, times, iterations, variants, calibrations = run(
-                name, params, data_dir, args.transitions, args.calibration
+                name, params, data_dir, args.transitions, args.calibration,
+                args.variance_scales,
             )
             print(
                 f"{name:10s} {params or 'defaults'}: error {_errors(errors)}, fit "

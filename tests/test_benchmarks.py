@@ -153,3 +153,23 @@ def test_crfsuite_grids_share_the_inner_cv(common):
         assert set(scores) == {str(c) for c in grid}
         assert scores[str(out[name]["c2"])] == max(scores.values())
     assert out["wide"]["cv_accuracy"]["0.1"] == out["narrow"]["cv_accuracy"]["0.1"]
+
+
+def test_frozen_refit_rescales_the_learned_variances(dev_splits):
+    from skgpstruct import GPStructClassifier
+    from skgpstruct.datasets import make_sequences
+
+    X, y = make_sequences(10, random_state=1, n_classes=2)
+    model = GPStructClassifier(max_iter=15, random_state=0)
+    with pytest.warns(ConvergenceWarning):
+        model.fit(X, y)
+    learned = np.asarray(model.kernel_.variance).copy()
+    with pytest.warns(ConvergenceWarning):
+        refit = dev_splits.frozen_refit(model, 4.0, X, y)
+    # Frozen: the refit keeps 4 x the learned variance and the learned
+    # pairwise prior; the original model's kernel is left alone.
+    np.testing.assert_allclose(refit.kernel_.variance, 4.0 * learned)
+    np.testing.assert_allclose(model.kernel_.variance, learned)
+    assert refit.kernel_.bias == model.kernel_.bias
+    assert refit.pairwise_prior_variance_ == model.pairwise_prior_variance_
+    assert refit.get_params()["learn_hyperparameters"] is False
