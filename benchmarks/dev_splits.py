@@ -210,9 +210,12 @@ def run(name, params, data_dir, transitions=False, with_calibration=False,
     ``with_calibration`` the :func:`calibration_figures` of every split, and
     with ``variance_scales`` the errors of every :func:`frozen_refit`."""
     errors, times, iterations, calibrations = [], [], [], []
-    variants = {"fitted transitions": [], "unaries only": []} if transitions else {}
+    variants = (
+        {"decoded with fitted transitions": [], "decoded with unaries only": []}
+        if transitions else {}
+    )
     for scale in variance_scales:
-        variants[f"variances x {scale:g} (frozen)"] = []
+        variants[f"refit, prior variances x {scale:g} frozen"] = []
     for X_train, y_train, X_test, y_test, _ in splits(name, data_dir):
         model = GPStructClassifier(**{"random_state": 0, **params})
         with warnings.catch_warnings():
@@ -224,8 +227,10 @@ def run(name, params, data_dir, transitions=False, with_calibration=False,
         iterations.append(model.n_iter_)
         if transitions:
             fitted = model.pairwise_mean_
-            for key, pairwise in (("fitted transitions", fitted),
-                                  ("unaries only", np.zeros_like(fitted))):
+            for key, pairwise in (
+                ("decoded with fitted transitions", fitted),
+                ("decoded with unaries only", np.zeros_like(fitted)),
+            ):
                 variants[key].append(
                     token_error(y_test, decode_with(model, X_test, pairwise))
                 )
@@ -233,7 +238,7 @@ def run(name, params, data_dir, transitions=False, with_calibration=False,
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore", ConvergenceWarning)
                 refit = frozen_refit(model, scale, X_train, y_train)
-            variants[f"variances x {scale:g} (frozen)"].append(
+            variants[f"refit, prior variances x {scale:g} frozen"].append(
                 token_error(y_test, refit.predict(X_test))
             )
         if with_calibration:
@@ -318,7 +323,7 @@ def main(argv=None):
                 flush=True,
             )
             for key, values in variants.items():
-                print(f"{'':10s}   decoded with {key}: error {_errors(values)}")
+                print(f"{'':10s}   {key}: error {_errors(values)}")
             if calibrations:
                 print(f"{'':10s}   {calibration_line(calibrations)}", flush=True)
     return 0
