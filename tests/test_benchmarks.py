@@ -8,6 +8,7 @@ over two c2 grids from one inner cross-validation, the dev splits' setting
 parser and their mean-potential marginals against enumeration.
 """
 
+import copy
 import importlib
 import sys
 from pathlib import Path
@@ -173,3 +174,29 @@ def test_frozen_refit_rescales_the_learned_variances(dev_splits):
     assert refit.kernel_.bias == model.kernel_.bias
     assert refit.pairwise_prior_variance_ == model.pairwise_prior_variance_
     assert refit.get_params()["learn_hyperparameters"] is False
+
+
+def test_mean_transition_marginals_without_unary_spread(dev_splits):
+    # With no spread in the unaries either, averaging over samples is
+    # forward-backward at the posterior means: the two helpers agree, and
+    # the model itself keeps its transition spread.
+    from skgpstruct import GPStructClassifier
+    from skgpstruct.datasets import make_sequences
+
+    X, y = make_sequences(12, random_state=2, n_classes=3)
+    model = GPStructClassifier(max_iter=10, random_state=0)
+    with pytest.warns(ConvergenceWarning):
+        model.fit(X, y)
+    spread = model.pairwise_std_.copy()
+    assert np.all(spread > 0)
+    no_unary_spread = copy.copy(model)
+    no_unary_spread.q_sqrt_ = np.zeros_like(model.q_sqrt_)
+    got = dev_splits.marginals_at_mean_transitions(no_unary_spread, X[:3])
+    expected = dev_splits.mean_potential_marginals(model, X[:3])
+    for g, e in zip(got, expected, strict=True):
+        np.testing.assert_allclose(g, e, atol=1e-4)
+    np.testing.assert_array_equal(model.pairwise_std_, spread)
+    # With the model's own transition spread, the sampled marginals differ.
+    sampled = model.predict_marginals(X[:3])
+    gaps = [np.abs(a - b).max() for a, b in zip(sampled, expected, strict=True)]
+    assert max(gaps) > 1e-3
