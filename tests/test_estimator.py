@@ -30,7 +30,7 @@ from sklearn.utils.estimator_checks import (
 
 import skgpstruct._estimator as estimator_module
 from skgpstruct import GPStructClassifier, SequenceDictVectorizer
-from skgpstruct._sequences import chunk_slices
+from skgpstruct._sequences import chunk_slices, stack_sequences
 from skgpstruct.datasets import make_sequences
 from skgpstruct.kernels import Kernel, RBFKernel
 from skgpstruct.likelihoods import Likelihood
@@ -153,7 +153,7 @@ def test_init_stores_parameters_unchanged():
         "inference": "ess", "ess_n_iter": 12, "ess_burn_in": 3, "ess_thin": 2,
         "ess_memory_limit": 10**6, "feature_groups": None, "batch_size": 4,
         "learning_rate": 0.3, "n_iter_no_change": 7, "early_stopping": True,
-        "validation_fraction": 0.25,
+        "validation_fraction": 0.25, "pairwise_uncertainty": True,
     }
     params = GPStructClassifier(**given).get_params(deep=False)
     assert params.keys() == given.keys()
@@ -514,6 +514,51 @@ def test_decode_marginal_is_argmax_of_predict_marginals(data, fitted):
         np.testing.assert_array_equal(p, model.classes_[np.argmax(m, axis=1)])
 
 
+def _enumerated_marginals(unary, pairwise):
+    """Token marginals of one chain by brute force over all labellings."""
+    T, V = unary.shape
+    labellings = np.array(np.meshgrid(*[np.arange(V)] * T, indexing="ij"))
+    labellings = labellings.reshape(T, -1).T
+    scores = unary[np.arange(T), labellings].sum(axis=1)
+    scores += pairwise[labellings[:, :-1], labellings[:, 1:]].sum(axis=1)
+    p = np.exp(scores - logsumexp(scores))
+    return np.stack([np.bincount(labellings[:, t], p, V) for t in range(T)])
+
+
+def test_pairwise_uncertainty_in_predict_marginals(data, fitted):
+    # With no spread in the unaries, the default marginals are those of the
+    # chain at the posterior mean potentials (brute force over labellings);
+    # with pairwise_uncertainty=True they average over transition draws.
+    _, _, X_test, _ = data
+    # All-zero features: the unaries are the label offsets only, so the
+    # transitions (and their spread) decide the marginals.
+    x = [np.zeros((4, N_FEATURES))]
+    model = copy.deepcopy(fitted)
+    model.q_sqrt_ = np.zeros_like(fitted.q_sqrt_)
+    assert np.all(model.pairwise_std_ > 0)
+    unary = model._mean_potentials(*stack_sequences(x))
+    expected = _enumerated_marginals(unary, model.pairwise_mean_)
+    np.testing.assert_allclose(model.predict_marginals(x)[0], expected, atol=1e-4)
+    model.set_params(pairwise_uncertainty=True)
+    averaged = model.predict_marginals(x)[0]
+    assert np.abs(averaged - expected).max() > 1e-3
+    # Without a transition spread the two agree exactly.
+    model.pairwise_std_ = np.zeros_like(model.pairwise_std_)
+    np.testing.assert_array_equal(
+        model.predict_marginals(x)[0],
+        model.set_params(pairwise_uncertainty=False).predict_marginals(x)[0],
+    )
+    # A prediction-time parameter: Viterbi's labels do not depend on it.
+    for a, b in zip(
+        fitted.predict(X_test),
+        copy.deepcopy(fitted).set_params(pairwise_uncertainty=True).predict(X_test),
+        strict=True,
+    ):
+        np.testing.assert_array_equal(a, b)
+    with pytest.raises(ValueError, match="pairwise_uncertainty must be True or False"):
+        copy.deepcopy(fitted).set_params(pairwise_uncertainty="yes").predict_marginals(x)
+
+
 EMPTY_POSITIONS = {
     "first": [0],
     "middle": [2],
@@ -667,6 +712,7 @@ BAD_PARAMS = [
     ),
     ({"learn_hyperparameters": "no"}, r"learn_hyperparameters"),
     ({"warm_start": "no"}, r"warm_start"),
+    ({"pairwise_uncertainty": 1}, r"pairwise_uncertainty must be True or False"),
 ]
 
 
