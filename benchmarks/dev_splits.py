@@ -28,11 +28,12 @@ pointwise mutual information of the label pairs)::
 
 ``--calibration`` also prints, per setting, the mean over the splits of the
 negative log-probability of the true label and the top-label ECE of
-``predict_marginals`` (averaged over posterior samples), of the
-forward-backward marginals at the posterior mean potentials, and of the
-marginals averaged over the unary samples with the transitions at their
-posterior mean, with the mean top-label confidence of the first and the
-last against the accuracy::
+``predict_marginals`` as the setting has it (by default averaged over the
+unary samples, transitions at their posterior mean), of the marginals
+averaged over the transitions' posterior spread too
+(``pairwise_uncertainty=True``) and of the forward-backward marginals at
+the posterior mean potentials, with the mean top-label confidence of the
+first two against the accuracy::
 
     OPENBLAS_NUM_THREADS=1 python benchmarks/dev_splits.py --calibration
 
@@ -144,30 +145,32 @@ def mean_potential_marginals(model, X):
     return split_by_offsets(marginals[0], offsets)
 
 
-def marginals_at_mean_transitions(model, X):
-    """``predict_marginals`` averaged over the unary samples only, with the
-    transitions at their posterior mean (a copy of the model whose
-    transitions have no spread)."""
-    point = copy.copy(model)
-    point.pairwise_std_ = np.zeros_like(model.pairwise_std_)
-    return point.predict_marginals(X)
+#: Key of the top-label confidence of :func:`marginals_with_pairwise_spread`.
+SPREAD_CONFIDENCE = "confidence with the transitions' spread"
+
+
+def marginals_with_pairwise_spread(model, X):
+    """``predict_marginals`` averaged over the transitions' posterior spread
+    too (``pairwise_uncertainty=True``), whatever the model's setting."""
+    return copy.copy(model).set_params(pairwise_uncertainty=True).predict_marginals(X)
 
 
 def calibration_figures(model, X, y):
-    """NLL and ECE of the sampled marginals, of those at the mean potentials
-    and of those with the transitions at their mean, and the top-label
-    confidence of the first and last against the accuracy."""
-    sampled = model.predict_marginals(X)
+    """NLL and ECE of ``predict_marginals`` as the model is set, of the
+    marginals averaged over the transitions' spread too and of those at the
+    mean potentials, and the top-label confidence of the first two against
+    the accuracy."""
+    marginals = model.predict_marginals(X)
     at_mean = calibration(y, mean_potential_marginals(model, X), model.classes_)
-    unary_only = marginals_at_mean_transitions(model, X)
-    P, Q = np.vstack(sampled), np.vstack(unary_only)
+    spread = marginals_with_pairwise_spread(model, X)
+    P, Q = np.vstack(marginals), np.vstack(spread)
     top = model.classes_[P.argmax(axis=1)]
     return {
-        "sampled": calibration(y, sampled, model.classes_),
+        "predict_marginals": calibration(y, marginals, model.classes_),
+        "with the transitions' spread": calibration(y, spread, model.classes_),
         "at the mean": at_mean,
-        "transitions at the mean": calibration(y, unary_only, model.classes_),
         "confidence": float(P.max(axis=1).mean()),
-        "confidence, transitions at the mean": float(Q.max(axis=1).mean()),
+        SPREAD_CONFIDENCE: float(Q.max(axis=1).mean()),
         "accuracy": float(np.mean(top == np.concatenate(y))),
     }
 
@@ -269,12 +272,13 @@ def calibration_line(calibrations):
     parts = [
         f"{key}: NLL {mean(lambda c, k=key: c[k]['nll']):.3f} "
         f"ECE {mean(lambda c, k=key: c[k]['ece']):.4f}"
-        for key in ("sampled", "at the mean", "transitions at the mean")
+        for key in ("predict_marginals", "with the transitions' spread",
+                    "at the mean")
     ]
     return (
-        f"marginals {'; '.join(parts)}; top-label confidence sampled "
-        f"{mean(lambda c: c['confidence']):.3f}, transitions at the mean "
-        f"{mean(lambda c: c['confidence, transitions at the mean']):.3f}, "
+        f"marginals {'; '.join(parts)}; top-label confidence "
+        f"{mean(lambda c: c['confidence']):.3f}, with the transitions' spread "
+        f"{mean(lambda c: c[SPREAD_CONFIDENCE]):.3f}, "
         f"accuracy {mean(lambda c: c['accuracy']):.3f}"
     )
 
@@ -302,8 +306,8 @@ def main(argv=None):
     )
     parser.add_argument(
         "--calibration", action="store_true",
-        help="also print the calibration of the sampled and mean-potential "
-        "marginals",
+        help="also print the calibration of predict_marginals, with the "
+        "transitions' spread and at the mean potentials",
     )
     parser.add_argument(
         "--peers", action="store_true",

@@ -176,10 +176,10 @@ def test_frozen_refit_rescales_the_learned_variances(dev_splits):
     assert refit.get_params()["learn_hyperparameters"] is False
 
 
-def test_mean_transition_marginals_without_unary_spread(dev_splits):
-    # With no spread in the unaries either, averaging over samples is
-    # forward-backward at the posterior means: the two helpers agree, and
-    # the model itself keeps its transition spread.
+def test_marginals_with_pairwise_spread(dev_splits):
+    # The helper averages over the transitions' spread whatever the model's
+    # setting, and leaves the model alone; without a spread it changes
+    # nothing.
     from skgpstruct import GPStructClassifier
     from skgpstruct.datasets import make_sequences
 
@@ -187,16 +187,17 @@ def test_mean_transition_marginals_without_unary_spread(dev_splits):
     model = GPStructClassifier(max_iter=10, random_state=0)
     with pytest.warns(ConvergenceWarning):
         model.fit(X, y)
-    spread = model.pairwise_std_.copy()
-    assert np.all(spread > 0)
-    no_unary_spread = copy.copy(model)
-    no_unary_spread.q_sqrt_ = np.zeros_like(model.q_sqrt_)
-    got = dev_splits.marginals_at_mean_transitions(no_unary_spread, X[:3])
-    expected = dev_splits.mean_potential_marginals(model, X[:3])
-    for g, e in zip(got, expected, strict=True):
-        np.testing.assert_allclose(g, e, atol=1e-4)
-    np.testing.assert_array_equal(model.pairwise_std_, spread)
-    # With the model's own transition spread, the sampled marginals differ.
-    sampled = model.predict_marginals(X[:3])
-    gaps = [np.abs(a - b).max() for a, b in zip(sampled, expected, strict=True)]
-    assert max(gaps) > 1e-3
+    x = [np.zeros((4, X[0].shape[1]))]  # the transitions decide these
+    spread = dev_splits.marginals_with_pairwise_spread(model, x)[0]
+    assert model.get_params()["pairwise_uncertainty"] is False
+    np.testing.assert_array_equal(
+        spread, copy.copy(model).set_params(pairwise_uncertainty=True)
+        .predict_marginals(x)[0],
+    )
+    assert np.abs(spread - model.predict_marginals(x)[0]).max() > 1e-3
+    flat = copy.copy(model)
+    flat.pairwise_std_ = np.zeros_like(model.pairwise_std_)
+    np.testing.assert_array_equal(
+        dev_splits.marginals_with_pairwise_spread(flat, x)[0],
+        flat.predict_marginals(x)[0],
+    )
