@@ -33,7 +33,8 @@ unary samples, transitions at their posterior mean), of the marginals
 averaged over the transitions' posterior spread too
 (``pairwise_uncertainty=True``) and of the forward-backward marginals at
 the posterior mean potentials, with the mean top-label confidence of the
-first two against the accuracy::
+first two against the accuracy, and the mean posterior standard deviation
+of the transitions between label pairs seen in training and never seen::
 
     OPENBLAS_NUM_THREADS=1 python benchmarks/dev_splits.py --calibration
 
@@ -175,6 +176,23 @@ def calibration_figures(model, X, y):
     }
 
 
+def transition_spread(model, y_train):
+    """Mean posterior standard deviation of the transitions between label
+    pairs seen in ``y_train`` and of those never seen (NaN if none)."""
+    index = {label: i for i, label in enumerate(model.classes_)}
+    seen = np.zeros(model.pairwise_std_.shape, dtype=bool)
+    for labels in y_train:
+        codes = [index[label] for label in labels]
+        seen[codes[:-1], codes[1:]] = True
+    std = model.pairwise_std_
+    return {
+        "transition sd, seen pairs": float(std[seen].mean()) if seen.any() else np.nan,
+        "transition sd, unseen pairs": (
+            float(std[~seen].mean()) if (~seen).any() else np.nan
+        ),
+    }
+
+
 def splits(name, data_dir):
     """The data set's dev splits: ``(X_train, y_train, X_test, y_test,
     feature_names)`` for each, features fitted on the training part."""
@@ -260,7 +278,10 @@ def run(name, params, data_dir, transitions=False, with_calibration=False,
                 token_error(y_test, refit.predict(X_test))
             )
         if with_calibration:
-            calibrations.append(calibration_figures(model, X_test, y_test))
+            calibrations.append({
+                **calibration_figures(model, X_test, y_test),
+                **transition_spread(model, y_train),
+            })
     return errors, times, iterations, variants, calibrations
 
 
@@ -279,7 +300,10 @@ def calibration_line(calibrations):
         f"marginals {'; '.join(parts)}; top-label confidence "
         f"{mean(lambda c: c['confidence']):.3f}, with the transitions' spread "
         f"{mean(lambda c: c[SPREAD_CONFIDENCE]):.3f}, "
-        f"accuracy {mean(lambda c: c['accuracy']):.3f}"
+        f"accuracy {mean(lambda c: c['accuracy']):.3f}; posterior sd of the "
+        f"transitions: seen label pairs "
+        f"{mean(lambda c: c['transition sd, seen pairs']):.2f}, unseen "
+        f"{mean(lambda c: c['transition sd, unseen pairs']):.2f}"
     )
 
 

@@ -201,3 +201,16 @@ def test_marginals_with_pairwise_spread(dev_splits):
         dev_splits.marginals_with_pairwise_spread(flat, x)[0],
         flat.predict_marginals(x)[0],
     )
+
+
+def test_transition_spread_splits_seen_and_unseen_pairs(dev_splits):
+    class Fitted:
+        classes_ = np.array(["a", "b", "c"])
+        pairwise_std_ = np.arange(9.0).reshape(3, 3)
+
+    # Seen pairs: a->b, b->b, b->c (entries 1, 4, 5); the other six unseen.
+    y = [["a", "b", "b"], ["b", "c"], ["c"]]
+    spread = dev_splits.transition_spread(Fitted(), y)
+    assert spread["transition sd, seen pairs"] == pytest.approx((1 + 4 + 5) / 3)
+    unseen = (0 + 2 + 3 + 6 + 7 + 8) / 6
+    assert spread["transition sd, unseen pairs"] == pytest.approx(unseen)
