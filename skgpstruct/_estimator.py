@@ -226,9 +226,10 @@ class GPStructClassifier(BaseEstimator):
         (benchmarks/dev_splits.py) the fully averaged marginals were
         underconfident on the sets with many labels (chunking, JapaneseNE:
         mean top-label probability 0.877 and 0.922 against accuracies of
-        0.911 and 0.956, ECE 0.036 and 0.034), and with the transitions at
+        0.911 and 0.955, ECE 0.036 and 0.034), and with the transitions at
         their mean they were not (0.910 and 0.955, ECE 0.011), with a lower
-        NLL; on basenp and seg the two were the same within 0.005 ECE.
+        NLL; on basenp and seg the two were the same within 0.005 ECE
+        (user guide, "Reading predict_marginals").
         ``predict`` with Viterbi always uses the mean.
     feature_groups : "auto", None or array-like of int of shape (n_features,), \
             default="auto"
