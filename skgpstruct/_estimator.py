@@ -230,7 +230,9 @@ class GPStructClassifier(BaseEstimator):
         their mean they were not (0.910 and 0.955, ECE 0.011), with a lower
         NLL; on basenp and seg the two were the same within 0.005 ECE
         (user guide, "Reading predict_marginals").
-        ``predict`` with Viterbi always uses the mean.
+        ``predict`` with Viterbi always uses the mean. Ignored with
+        ``inference="ess"``, whose marginals average over the sampler's
+        kept draws of both.
     feature_groups : "auto", None or array-like of int of shape (n_features,), \
             default="auto"
         With ``kernel="linear"``, give every group of columns its own prior
