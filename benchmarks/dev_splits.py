@@ -59,19 +59,16 @@ from pathlib import Path
 
 import numpy as np
 from _common import (
-    CRF_C2_GRID,
-    CRF_C2_WIDE_GRID,
     DATASETS,
     DEFAULT_DATA_DIR,
+    PEERS,
     calibration,
     check_data_dir,
     command_line,
     crfsuite_available,
-    run_crfsuite_grids,
-    run_logreg,
+    run_peers,
     take,
     template_features,
-    to_crfsuite,
     token_error,
 )
 from sklearn.exceptions import ConvergenceWarning
@@ -222,20 +219,17 @@ def frozen_refit(model, scale, X, y):
     return refit.fit(X, y)
 
 
-def run_peers(name, data_dir):
-    """The CRF (both c2 grids, when sklearn-crfsuite is installed) and the LR
-    on every split: ``{peer: [result per split]}``."""
+def peer_results(name, data_dir):
+    """The Table 1 peers (:func:`_common.run_peers`: both CRFs when
+    sklearn-crfsuite is installed, and the LR) on every split:
+    ``{peer label: [result per split]}``."""
     out = {}
     with_crf = crfsuite_available()
     for X_train, y_train, X_test, y_test, names in splits(name, data_dir):
-        if with_crf:
-            crfs = run_crfsuite_grids(
-                to_crfsuite(X_train, names), y_train, to_crfsuite(X_test, names),
-                y_test, {"CRF": CRF_C2_GRID, "CRF {1e-4..10}": CRF_C2_WIDE_GRID},
-            )
-            for key, result in crfs.items():
-                out.setdefault(key, []).append(result)
-        out.setdefault("LR", []).append(run_logreg(X_train, y_train, X_test, y_test))
+        results = run_peers(X_train, y_train, X_test, y_test, names, with_crf)
+        for key, label in PEERS:
+            if key in results:
+                out.setdefault(label, []).append(results[key])
     return out
 
 
@@ -349,7 +343,7 @@ def main(argv=None):
     print(f"command: {command_line()}")
     for name in args.datasets:
         if args.peers:
-            for peer, results in run_peers(name, data_dir).items():
+            for peer, results in peer_results(name, data_dir).items():
                 print(
                     f"{name:10s} {peer}: error {_errors([r['error'] for r in results])}"
                     f", NLL {np.mean([r['calibration']['nll'] for r in results]):.3f}"

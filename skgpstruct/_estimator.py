@@ -981,13 +981,15 @@ GroupedLinearKernel`: automatic relevance determination per group).
         params = self._params()
         K, V, _ = params.q_mu.shape
         S = self.n_predict_samples
-        # The same pairwise draws for every call, and per-sequence unary
-        # draws seeded by the sequence's own features: the marginals of a
-        # sequence do not depend on the rest of the batch or its order.
-        spread = params.pairwise_std if self.pairwise_uncertainty else 0.0
-        pairwise = params.pairwise_mean[None] + spread * np.random.default_rng(
-            self._predict_seed
-        ).standard_normal((S, V, V))
+        # Per-sequence unary draws seeded by the sequence's own features and,
+        # with pairwise_uncertainty, the same pairwise draws for every call:
+        # the marginals of a sequence do not depend on the rest of the batch
+        # or its order.
+        pairwise = np.repeat(params.pairwise_mean[None], S, axis=0)
+        if self.pairwise_uncertainty:
+            pairwise += params.pairwise_std * np.random.default_rng(
+                self._predict_seed
+            ).standard_normal((S, V, V))
         out = [None] * len(sequences)
         for sl, X_c, offsets in self._chunks(sequences):
             if X_c is None:

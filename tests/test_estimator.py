@@ -16,6 +16,7 @@ import joblib
 import numpy as np
 import pytest
 import scipy.sparse as sp
+from _chain_reference import enumerate_one
 from scipy.special import logsumexp
 from sklearn.base import clone, is_classifier
 from sklearn.exceptions import ConvergenceWarning, NotFittedError
@@ -514,17 +515,6 @@ def test_decode_marginal_is_argmax_of_predict_marginals(data, fitted):
         np.testing.assert_array_equal(p, model.classes_[np.argmax(m, axis=1)])
 
 
-def _enumerated_marginals(unary, pairwise):
-    """Token marginals of one chain by brute force over all labellings."""
-    T, V = unary.shape
-    labellings = np.array(np.meshgrid(*[np.arange(V)] * T, indexing="ij"))
-    labellings = labellings.reshape(T, -1).T
-    scores = unary[np.arange(T), labellings].sum(axis=1)
-    scores += pairwise[labellings[:, :-1], labellings[:, 1:]].sum(axis=1)
-    p = np.exp(scores - logsumexp(scores))
-    return np.stack([np.bincount(labellings[:, t], p, V) for t in range(T)])
-
-
 def test_pairwise_uncertainty_in_predict_marginals(data, fitted):
     # With no spread in the unaries, the default marginals are those of the
     # chain at the posterior mean potentials (brute force over labellings);
@@ -537,7 +527,7 @@ def test_pairwise_uncertainty_in_predict_marginals(data, fitted):
     model.q_sqrt_ = np.zeros_like(fitted.q_sqrt_)
     assert np.all(model.pairwise_std_ > 0)
     unary = model._mean_potentials(*stack_sequences(x))
-    expected = _enumerated_marginals(unary, model.pairwise_mean_)
+    expected = enumerate_one(unary, model.pairwise_mean_)[1]
     np.testing.assert_allclose(model.predict_marginals(x)[0], expected, atol=1e-4)
     model.set_params(pairwise_uncertainty=True)
     averaged = model.predict_marginals(x)[0]
