@@ -1,4 +1,4 @@
-"""Build the compiled chain kernels; all metadata lives in pyproject.toml."""
+"""Build the compiled kernels (chain, stacked potentials); metadata: pyproject.toml."""
 
 import numpy as np
 from Cython.Build import cythonize
@@ -6,12 +6,13 @@ from setuptools import Extension, setup
 
 extensions = [
     Extension(
-        "skgpstruct._chain",
-        ["skgpstruct/_chain.pyx"],
+        f"skgpstruct.{name}",
+        [f"skgpstruct/{name}.pyx"],
         include_dirs=[np.get_include()],
         define_macros=[("NPY_NO_DEPRECATED_API", "NPY_1_7_API_VERSION")],
         extra_compile_args=["-O3"],
     )
+    for name in ("_chain", "_stacked")
 ]
 
 setup(

@@ -681,6 +681,17 @@ def read_json(path):
         return None
 
 
+def seconds_per_call(func, min_time):
+    """Mean seconds per call of ``func`` over at least ``min_time`` seconds."""
+    calls, start = 0, time.perf_counter()
+    while True:
+        func()
+        calls += 1
+        elapsed = time.perf_counter() - start
+        if elapsed >= min_time:
+            return elapsed / calls
+
+
 def write_json(path, payload):
     """Write a benchmark's results as JSON (NumPy scalars as Python numbers)."""
 

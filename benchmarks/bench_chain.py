@@ -24,6 +24,7 @@ from skgpstruct import chain
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 import _chain_reference as ref  # noqa: E402
+from _common import seconds_per_call  # noqa: E402
 
 COLUMNS = ("V", "T", "S", "tokens", "fb", "fb_numpy", "fb_ratio", "viterbi",
            "viterbi_numpy", "viterbi_ratio")
@@ -34,15 +35,9 @@ MAX_OUTPUT_BYTES = 2e8  # marginals + pair marginals of one call
 
 
 def _timed(func, min_time):
-    """Seconds per call of ``func`` (mean over enough calls for min_time)."""
+    """Seconds per call of ``func`` after one warm-up call."""
     func()
-    calls, start = 0, time.perf_counter()
-    while True:
-        func()
-        calls += 1
-        elapsed = time.perf_counter() - start
-        if elapsed >= min_time:
-            return elapsed / calls
+    return seconds_per_call(func, min_time)
 
 
 def _reference_rate(func, offsets, n_labels, budget):

@@ -13,7 +13,7 @@ is then built from those JSON files alone:
   calibration, fit time and GP / CRF time.
 - ``section2``: ``bench_section2.py``, BENCHMARK.md section 2.
 - ``scale``: ``bench_scale.py``; ``chain``: ``bench_chain.py``;
-  ``dask``: ``bench_dask.py``.
+  ``stacked``: ``bench_stacked.py``; ``dask``: ``bench_dask.py``.
 
 Each step's command line is printed before it runs. A step that fails
 (non-zero exit status) is reported, the others still run, and the suite's
@@ -106,6 +106,8 @@ STEPS = (
          ("--kernel", "rbf", "--n-inducing", "500", "--no-lbfgs", "--no-crf"),
          "SAGA memory with 500 inducing points (RBF kernel)"),
     Step("chain", "bench_chain.py", (), "chain kernel throughput"),
+    Step("stacked", "bench_stacked.py", (),
+         "stacked potentials against sparse products", True),
     Step("dask", "bench_dask.py", (), "dask beside loky"),
 )
 STEP_NAMES = tuple(s.name for s in STEPS)
@@ -467,6 +469,22 @@ def chain_section(suite, results):
     ]))
 
 
+def stacked_section(suite, results):
+    title = "4b. Stacked potentials against sparse products (bench_stacked.py)"
+    payload = results.get("stacked")
+    if payload is None:
+        return _section(title, _missing(STEPS[STEP_NAMES.index("stacked")], suite))
+    import bench_stacked
+
+    rows = [tuple(row.values()) for row in payload["rows"]]
+    return _section(title, bench_stacked.markdown(rows) + "\n\n" + (
+        "One evaluation's work on the unary potentials of a fit's first chunk "
+        "(8 samples): the compiled loops against scipy's sparse products "
+        "(tests/_stacked_reference.py), one thread; the ratio is the median of "
+        "11 alternating runs."
+    ))
+
+
 def dask_section(suite, results):
     title = "5. dask beside loky (bench_dask.py)"
     payload = results.get("dask")
@@ -479,7 +497,7 @@ def dask_section(suite, results):
 
 SECTIONS = (steps_section, table1_section, section2_section, scale_section,
             scale_points_section,
-            chain_section, dask_section)
+            chain_section, stacked_section, dask_section)
 
 
 def build_report(out_dir):

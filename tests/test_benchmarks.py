@@ -5,7 +5,9 @@ minutes, so they are not run here; their arithmetic is: the calibration
 figures (NLL and ECE) and the paired differences against the peers against
 values worked out by hand, the summary of folds, the CRF peer's selection
 over two c2 grids from one inner cross-validation, the dev splits' setting
-parser and their mean-potential marginals against enumeration.
+parser and their mean-potential marginals against enumeration, and the
+stacked-potentials benchmark on a synthetic chunk (its check of the
+compiled loops against the sparse products, and its paired timing).
 """
 
 import importlib
@@ -235,3 +237,30 @@ def test_transition_spread_splits_seen_and_unseen_pairs(dev_splits):
     assert spread["transition sd, seen pairs"] == pytest.approx((1 + 4 + 5) / 3)
     unseen = (0 + 2 + 3 + 6 + 7 + 8) / 6
     assert spread["transition sd, unseen pairs"] == pytest.approx(unseen)
+
+
+def test_bench_stacked_on_a_synthetic_chunk(common, capsys):
+    sys.path.insert(0, str(BENCHMARKS))
+    try:
+        bench_stacked = importlib.import_module("bench_stacked")
+    finally:
+        sys.path.remove(str(BENCHMARKS))
+    rng = np.random.default_rng(0)
+    name, X, offsets, n_labels = bench_stacked.synthetic_chunk(
+        rng, n_tokens=300, n_features=500, n_labels=4
+    )
+    assert X.shape == (offsets[-1], 500) and np.all(X.data == 1.0)
+    # measure() asserts that both implementations agree before timing them.
+    row = bench_stacked.measure(name, X, offsets, n_labels, 3, 1e-3, rng)
+    assert row[:3] == ("synthetic", offsets[-1], 4)
+    assert row[3] == X.nnz + offsets[-1]  # every feature entry and the bias
+    assert 0 < row[4] < row[3]
+    assert row[5] > 0 and row[6] > 0 and row[7] > 0
+    table = bench_stacked.markdown([row])
+    assert table.count("\n") == 2 and "| synthetic | " in table
+    # The paired timing alternates the two and pairs their runs.
+    calls = []
+    first = lambda: calls.append("a")  # noqa: E731
+    second = lambda: calls.append("b")  # noqa: E731
+    bench_stacked.paired_timings(first, second, 0.0, rounds=3)
+    assert calls == ["a", "b"] * 4

@@ -12,6 +12,7 @@
 - the Monte Carlo ELL against brute-force enumeration of labellings.
 """
 
+import _stacked_reference as stacked_reference
 import numpy as np
 import pytest
 import scipy.sparse as sp
@@ -20,12 +21,14 @@ from joblib import Parallel
 from scipy import stats
 from scipy.special import logsumexp
 
+from skgpstruct import _stacked as stacked_kernels
 from skgpstruct._linalg import cholesky_backward, jitter_cholesky
 from skgpstruct._sequences import chunk_slices, stack_sequences
 from skgpstruct.inference.elbo import SparseELBO
 from skgpstruct.inference.inducing import (
     InducingFeatures,
     InducingPoints,
+    RowSplit,
     distinct_rows,
 )
 from skgpstruct.inference.posterior import (
@@ -286,11 +289,23 @@ def test_stacked_projection_blocks_are_the_sequences_features(dense):
     assert inducing.stacked_projection(scales, None) is None
     split = stacked.split
     n_tokens = X.shape[0]
-    # U rebuilt from the split: drawn rows as stored, every lone row from
+    assert split.n_tokens == n_tokens and split.indptr[0] == 0
+    # The entries listed by token, as drawn rows (their position in
+    # `drawn`) and lone entries (token x inducing variable).
+    token = np.repeat(np.arange(n_tokens), np.diff(split.indptr))
+    is_drawn = split.entry_drawn >= 0
+    U_drawn = np.zeros((split.drawn.size, n_tokens))
+    U_drawn[split.entry_drawn[is_drawn], token[is_drawn]] = split.value[is_drawn]
+    np.testing.assert_array_equal(
+        split.inducing[is_drawn], split.drawn_rows[split.entry_drawn[is_drawn]]
+    )
+    lone = np.zeros((n_tokens, inducing.n_inducing))
+    is_lone = ~is_drawn
+    np.add.at(lone, (token[is_lone], split.inducing[is_lone]), split.value[is_lone])
+    # U rebuilt from the split: drawn rows as listed, every lone row from
     # its single entry among its own sequence's tokens.
     U = np.zeros((stacked.rows.size, n_tokens))
-    U[split.drawn] = split.U_drawn.toarray()
-    lone = split.lone.toarray()
+    U[split.drawn] = U_drawn
     start, expected_drawn = 0, []
     for n, (rows, values) in enumerate(_sequence_blocks(X, offsets, X.shape[1])):
         t0, t1 = offsets[n], offsets[n + 1]
@@ -317,13 +332,138 @@ def test_stacked_projection_blocks_are_the_sequences_features(dense):
     assert start == stacked.rows.size
     np.testing.assert_array_equal(split.drawn, expected_drawn)
     np.testing.assert_array_equal(split.drawn_rows, stacked.rows[split.drawn])
-    # Every lone entry was used above, and nothing else is in `lone`.
+    # Every lone entry was used above, and nothing else is listed.
     assert np.count_nonzero(lone) == stacked.rows.size - split.drawn.size > 0
-    np.testing.assert_allclose(split.lone_squares.toarray(), lone**2)
-    gather = np.zeros((inducing.n_inducing, split.drawn.size))
-    gather[split.drawn_rows, np.arange(split.drawn.size)] = 1
-    np.testing.assert_array_equal(split.drawn_gather.toarray(), gather)
+    assert np.count_nonzero(~is_drawn) == np.count_nonzero(lone)
+    assert np.count_nonzero(U_drawn) == np.count_nonzero(is_drawn)
     assert split.drawn.size > 0
+
+
+def _random_split(rng, n_tokens=7, n_inducing=6, n_rows=12):
+    """A RowSplit of a random U (rows x tokens) with lone, drawn and idle rows."""
+    U = rng.normal(size=(n_rows, n_tokens)) * (rng.random((n_rows, n_tokens)) < 0.25)
+    U[0] = 0.0  # active at no token: drawn, no entry
+    U[1] = 0.0
+    U[1, 3] = 1.7  # lone
+    U[2, [2, 5]] = 0.8, -1.1  # drawn, two tokens
+    rows = rng.integers(n_inducing, size=n_rows)
+    return RowSplit.of(sp.csr_matrix(U), rows, n_inducing), U, rows
+
+
+def test_stacked_kernels_against_dense_products():
+    # The compiled unary samples against the same formula written with dense
+    # matrices (lone rows through one draw per token, drawn rows through their
+    # own noise), and their backward pass against the exact derivative of
+    # sum(g * f): linear in c * mean, and by central differences in sd.
+    rng = np.random.default_rng(11)
+    K, V, S, M, T, floor = 2, 3, 4, 6, 7, 1e-3
+    split, U, rows = _random_split(rng, T, M)
+    counts = np.count_nonzero(U, axis=1)
+    drawn = np.flatnonzero(counts != 1)
+    np.testing.assert_array_equal(split.drawn, drawn)
+    c = rng.uniform(0.5, 2.0, size=M)
+    mean = rng.normal(size=(M, K * V))
+    sd = rng.uniform(0.2, 1.5, size=(M, K * V))
+    eps = rng.normal(size=(drawn.size, K * V, S))
+    xi = rng.normal(size=(K, S, T, V))
+    g = rng.normal(size=(K, S, T, V))
+    lone = np.zeros((T, M))
+    for r in np.flatnonzero(counts == 1):
+        lone[:, rows[r]] += U[r]
+
+    def dense_unary(mean, sd):
+        token_sd = np.sqrt(lone**2 @ (c[:, None] * sd) ** 2 + floor)  # (T, KV)
+        f = (lone @ (c[:, None] * mean))[:, :, None] + token_sd[:, :, None] * (
+            xi.transpose(2, 0, 3, 1).reshape(T, K * V, S)
+        )
+        m_drawn = rows[drawn]
+        cm = c[m_drawn, None] * mean[m_drawn]
+        cs = c[m_drawn, None] * sd[m_drawn]
+        f += np.einsum("it,ik->tk", U[drawn], cm)[:, :, None]
+        f += np.einsum("it,iks->tks", U[drawn], cs[:, :, None] * eps)
+        return f.reshape(T, K, V, S).transpose(1, 3, 0, 2), token_sd
+
+    expected, expected_sd = dense_unary(mean, sd)
+    token_sd = np.empty((T, K * V))
+    args = (split.indptr, split.inducing, split.value, split.entry_drawn)
+    stacked_kernels.token_sd(*args, c, sd, floor, token_sd)
+    np.testing.assert_allclose(token_sd, expected_sd, rtol=1e-13)
+    f = np.empty((K, S, T, V))
+    stacked_kernels.unary(
+        *args, split.drawn_rows, c, mean, sd, token_sd, eps, xi, f
+    )
+    np.testing.assert_allclose(f, expected, rtol=1e-12, atol=1e-13)
+
+    d_cm, d_cs = np.zeros((M, K * V)), np.zeros((M, K * V))
+    stacked_kernels.backward(
+        *args, split.drawn_rows, c, sd, token_sd, eps, xi, g, d_cm, d_cs
+    )
+    # d sum(g f) / d mean = c * d_cm, exactly (f is linear in mean).
+    basis = np.zeros_like(mean)
+    for m in range(M):
+        for kv in range(K * V):
+            basis[m, kv] = 1.0
+            bumped = np.sum(g * dense_unary(mean + basis, sd)[0])
+            basis[m, kv] = 0.0
+            assert c[m] * d_cm[m, kv] == pytest.approx(
+                bumped - np.sum(g * expected), rel=1e-9, abs=1e-10
+            )
+    # d sum(g f) / d sd = c * d_cs, by central differences.
+    h = 1e-6
+    for m in range(M):
+        for kv in range(K * V):
+            basis[m, kv] = h
+            up = np.sum(g * dense_unary(mean, sd + basis)[0])
+            down = np.sum(g * dense_unary(mean, sd - basis)[0])
+            basis[m, kv] = 0.0
+            assert c[m] * d_cs[m, kv] == pytest.approx(
+                (up - down) / (2 * h), rel=1e-6, abs=1e-8
+            )
+    assert np.count_nonzero(d_cs) > M  # not vacuous
+
+
+def test_stacked_kernels_against_the_sparse_product_reference():
+    # The compiled loops against scipy's sparse products
+    # (tests/_stacked_reference.py) on a chunk laid out by InducingFeatures:
+    # 40 sequences (empty ones too) on 60 sparse features, two components.
+    rng = np.random.default_rng(12)
+    lengths = rng.integers(0, 15, size=40)
+    offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
+    T, n_features, K, V, S, floor = int(offsets[-1]), 60, 2, 3, 5, 1e-6
+    X = sp.random(T, n_features, density=0.08, format="csr", random_state=rng)
+    X.data[:] = rng.choice([1.0, 0.5, 2.0], size=X.nnz)
+    inducing = InducingFeatures(n_features)
+    split = inducing.chunk_layout(X, offsets).split
+    M = inducing.n_inducing
+    assert split.drawn.size > 0 and np.any(split.entry_drawn < 0)
+    c = rng.uniform(0.3, 2.0, size=M)
+    mean = rng.normal(size=(M, K * V))
+    sd = rng.uniform(0.1, 2.0, size=(M, K * V))
+    eps = rng.normal(size=(split.drawn.size, K * V, S))
+    xi, g = rng.normal(size=(2, K, S, T, V))
+    reference = stacked_reference.sparse_split(split, M)
+    expected_sd = stacked_reference.token_sd(reference, c, sd, floor)
+    args = (split.indptr, split.inducing, split.value, split.entry_drawn)
+    token_sd = np.empty((T, K * V))
+    stacked_kernels.token_sd(*args, c, sd, floor, token_sd)
+    np.testing.assert_allclose(token_sd, expected_sd, rtol=1e-13)
+    f = np.empty((K, S, T, V))
+    stacked_kernels.unary(
+        *args, split.drawn_rows, c, mean, sd, token_sd, eps, xi, f
+    )
+    np.testing.assert_allclose(
+        f, stacked_reference.unary(reference, c, mean, sd, token_sd, eps, xi),
+        rtol=1e-12, atol=1e-12,
+    )
+    d_cm, d_cs = np.zeros((M, K * V)), np.zeros((M, K * V))
+    stacked_kernels.backward(
+        *args, split.drawn_rows, c, sd, token_sd, eps, xi, g, d_cm, d_cs
+    )
+    expected_cm, expected_cs = stacked_reference.backward(
+        reference, c, sd, token_sd, eps, xi, g
+    )
+    np.testing.assert_allclose(d_cm, expected_cm, rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(d_cs, expected_cs, rtol=1e-12, atol=1e-12)
 
 
 @pytest.mark.parametrize("dense", [False, True])

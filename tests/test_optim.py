@@ -200,6 +200,45 @@ def test_compact_direction_equals_the_two_loop_recursion():
     np.testing.assert_array_equal(memory.inverse_hessian_times(g), g)
 
 
+def test_products_kept_from_the_gradients_give_the_same_direction():
+    # As in minimize_lbfgs: the direction at g, then the pair with
+    # y = g_new - g and both gradients, so that the memory's products with y
+    # come from those kept with g; more pairs than the memory keeps.
+    n, m = 30, 4
+    B, b = _spd(n, 7)
+    rng = np.random.default_rng(8)
+    memory, plain = _CompactMemory(n, m), _CompactMemory(n, m)
+    x = rng.normal(size=n)
+    g = B @ x - b
+    pairs = []
+    for _ in range(10):
+        direction = memory.inverse_hessian_times(g, scale=-1.0)
+        np.testing.assert_allclose(
+            direction, -_two_loop(pairs[-m:], g) if pairs else -g,
+            rtol=1e-9, atol=1e-12,
+        )
+        s = 0.5 * direction + 0.1 * rng.normal(size=n)
+        g_new = B @ (x + s) - b
+        y = g_new - g
+        assert memory.push(s, y, gradient=g_new, previous_gradient=g)
+        assert plain.push(s, y)
+        pairs.append((s, y))
+        k = len(memory)
+        S = np.array([p[0] for p in pairs[-k:]])
+        Y = np.array([p[1] for p in pairs[-k:]])
+        order = memory.order
+        # s_i^T y_j for i not newer than j, and y_i^T y_j, against the pairs.
+        sy = memory.sy[np.ix_(order, order)]
+        np.testing.assert_allclose(np.triu(sy), np.triu(S @ Y.T), rtol=1e-9, atol=1e-10)
+        np.testing.assert_allclose(
+            memory.yy[np.ix_(order, order)], Y @ Y.T, rtol=1e-9, atol=1e-10
+        )
+        x, g = x + s, g_new
+    np.testing.assert_allclose(
+        memory.inverse_hessian_times(g), plain.inverse_hessian_times(g), rtol=1e-9
+    )
+
+
 def _orthogonal(s, r):
     """A vector orthogonal to ``s``, 1000 times longer (so that the rounding
     error of ``s^T y``, about ``eps |s| |y|``, is far below ``eps y^T y``)."""

@@ -268,10 +268,19 @@ def test_local_gradient_expands_to_the_full_gradient(data, model_params):
     # A stored local gradient read back through expand_local is the packed
     # gradient the full evaluation of the same chunk and samples gives.
     X, y, _, _ = data
-    objective, x = _stochastic_objective(model_params, X[:20], y[:20])
+    X = X[:20]
+    compact = model_params["kernel"] == "linear"
+    if compact:
+        # Two more features, each active in one sequence only, so that no
+        # chunk holds every feature: the layouts are compact.
+        X = [np.hstack([x, np.zeros((len(x), 2))]) for x in X]
+        X[0][:, -2] = X[-1][:, -1] = 1.0
+    objective, x = _stochastic_objective(model_params, X, y[:20])
     x = x + 0.05 * np.random.default_rng(3).standard_normal(x.size)
     with Parallel(n_jobs=1) as parallel:
         for chunk_index, key in ((0, 7), (1, 11)):
+            layout = objective.chunks[chunk_index].layout
+            assert (objective.inducing.support(layout) is not None) == compact
             reference = objective.evaluate(
                 x, parallel, chunks=[objective.chunks[chunk_index]],
                 iteration_key=key, include_kl=False,
@@ -281,7 +290,6 @@ def test_local_gradient_expands_to_the_full_gradient(data, model_params):
             expanded = objective.expand_local(x, record)
             # Compact layouts (inducing features) give gradients on the
             # chunk's own coordinates, the others dense ones.
-            compact = model_params["kernel"] == "linear"
             assert isinstance(gradient, SparseGradient) == compact
             assert isinstance(expanded, SparseGradient) == compact
             if compact:

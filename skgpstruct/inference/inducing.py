@@ -171,62 +171,69 @@ class StackedProjection:
 
 @dataclass
 class RowSplit:
-    """The stacked rows ``U`` by how many tokens they are active at.
+    """The stacked rows ``U`` by how many tokens they are active at, by token.
+
+    A row active at exactly one token is *lone*; the others (active at no
+    token or at several) are *drawn*, each with its own noise. The nonzero
+    entries of ``U`` are listed token by token (CSR style), which is how
+    the compiled kernels of ``skgpstruct._stacked`` read them.
 
     Attributes
     ----------
-    lone : CSR matrix of shape (n_tokens, n_inducing)
-        The entries of the lone rows (active at exactly one token), at that
-        token and the row's inducing variable (no two lone rows share both:
-        a sequence has one row per inducing variable).
-    lone_squares : CSR matrix of shape (n_tokens, n_inducing)
-        The same entries squared (it shares ``lone``'s index arrays).
     drawn : ndarray of int64
-        The other stacked rows (active at no token or at several).
+        The drawn rows (indices of stacked rows).
     drawn_rows : ndarray of int64
         Their inducing variables.
-    U_drawn : CSR matrix of shape (drawn.size, n_tokens)
-        Their rows of ``U``.
-    drawn_gather : CSR matrix of shape (n_inducing, drawn.size)
-        Ones at ``(drawn_rows[i], i)``: sums per-row values into the
-        inducing variables.
+    indptr : ndarray of int64 of shape (n_tokens + 1,)
+        Token ``t``'s entries are ``indptr[t]:indptr[t + 1]``.
+    inducing : ndarray of int64
+        Every entry's inducing variable.
+    value : ndarray of float64
+        Every entry's value (the feature's value at that token).
+    entry_drawn : ndarray of int64
+        Every entry's position in ``drawn``, or -1 for a lone row.
     """
 
-    lone: sp.csr_matrix
-    lone_squares: sp.csr_matrix
     drawn: np.ndarray
     drawn_rows: np.ndarray
-    U_drawn: sp.csr_matrix
-    drawn_gather: sp.csr_matrix
+    indptr: np.ndarray
+    inducing: np.ndarray
+    value: np.ndarray
+    entry_drawn: np.ndarray
+
+    @property
+    def n_tokens(self):
+        return self.indptr.size - 1
 
     @classmethod
     def of(cls, U, rows, n_inducing):
         """Split the stacked rows of ``U`` (CSR, rows x tokens).
 
-        ``rows[r]`` is the inducing variable of stacked row ``r``.
+        ``rows[r]`` is the inducing variable of stacked row ``r``, in
+        ``[0, n_inducing)``.
         """
         U = sp.csr_matrix(U, copy=True)
         U.sum_duplicates()
-        n_tokens = U.shape[1]
+        n_rows, n_tokens = U.shape
         per_row = np.diff(U.indptr)
-        lone = np.flatnonzero(per_row == 1)
-        entry = U.indptr[lone]
-        lone_matrix = sp.csr_matrix(
-            (U.data[entry], (U.indices[entry], rows[lone])),
-            shape=(n_tokens, n_inducing),
-        )
-        lone_squares = sp.csr_matrix(
-            (lone_matrix.data**2, lone_matrix.indices, lone_matrix.indptr),
-            shape=lone_matrix.shape,
-        )
         drawn = np.flatnonzero(per_row != 1).astype(np.int64)
-        drawn_rows = rows[drawn].astype(np.int64)
-        drawn_gather = sp.csr_matrix(
-            (np.ones(drawn.size), (drawn_rows, np.arange(drawn.size))),
-            shape=(n_inducing, drawn.size),
-        )
+        position = np.full(n_rows, -1, dtype=np.int64)
+        position[drawn] = np.arange(drawn.size)
+        entries = U.tocoo()
+        by_token = np.argsort(entries.col, kind="stable")
+        row_of = entries.row[by_token]
+        indptr = np.zeros(n_tokens + 1, dtype=np.int64)
+        np.cumsum(np.bincount(entries.col, minlength=n_tokens), out=indptr[1:])
+        inducing = np.asarray(rows, dtype=np.int64)[row_of]
+        if inducing.size and not 0 <= inducing.min() <= inducing.max() < n_inducing:
+            raise ValueError(f"rows must lie in [0, {n_inducing})")
         return cls(
-            lone_matrix, lone_squares, drawn, drawn_rows, U[drawn], drawn_gather
+            drawn,
+            np.asarray(rows, dtype=np.int64)[drawn],
+            indptr,
+            inducing,
+            np.ascontiguousarray(entries.data[by_token], dtype=np.float64),
+            position[row_of],
         )
 
 
@@ -241,7 +248,8 @@ class FeatureLayout:
         ``support`` when it is not None): views of ``stacked_rows``.
     support : ndarray of int64 or None
         Compact layouts: the features active anywhere in the chunk and the
-        bias, which ``rows`` are numbered within.
+        bias, which ``rows`` are numbered within. None when that is every
+        inducing variable (the numbers are then the global ones).
     row_starts : ndarray of int64 of shape (n_sequences + 1,)
         Sequence ``n`` owns the stacked rows ``row_starts[n]`` to
         ``row_starts[n + 1]`` (its active features, then its bias).
@@ -381,7 +389,8 @@ class InducingFeatures:
             features active anywhere in the chunk, plus the bias): the chunk
             is then evaluated with the parameters and feature scales of its
             support only (see :meth:`support`), so that its work and its
-            gradients scale with its own features, not with all of them.
+            gradients scale with its own features, not with all of them. A
+            chunk where every feature is active keeps the global numbers.
 
         Returns
         -------
@@ -406,7 +415,12 @@ class InducingFeatures:
         support = None
         if compact:
             support = np.unique(np.concatenate(rows)) if rows else bias_row
-            rows = [np.searchsorted(support, r) for r in rows]
+            if support.size == self.n_inducing:
+                # Every feature is active in the chunk: local numbers are the
+                # global ones, and restricting would only copy every array.
+                support = None
+            else:
+                rows = [np.searchsorted(support, r) for r in rows]
         if stack_rows:
             coords = (np.concatenate(stack_rows), np.concatenate(stack_tokens))
             values = np.concatenate(stack_values).astype(np.float64)

@@ -38,6 +38,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from .. import _stacked as stacked_kernels
+
 # Largest size of the base samples a chunk keeps between evaluations.
 NOISE_CACHE_BYTES = 64 * 2**20
 
@@ -92,8 +94,7 @@ class Chunk:
     def nbytes(self):
         """Memory of the chunk's arrays, its layout and its base samples.
 
-        An array held in several places (the index arrays ``lone`` and
-        ``lone_squares`` share) is counted once. The layout's per-sequence
+        An array held in several places is counted once. The layout's per-sequence
         ``rows``, views of parts of its ``stacked_rows``, are counted again:
         a slight over-estimate, which is safe for what it serves (the loky
         leak allowance).
@@ -520,7 +521,7 @@ class _StackedForward:
     """What the backward pass of the stacked form needs from the forward one.
 
     ``mean`` and ``sd``: q_mu and q_sqrt as (n_inducing, K * V); ``c`` the
-    feature scales (n_inducing, 1); ``token_sd`` (n_tokens, K * V) the
+    feature scales (n_inducing,); ``token_sd`` (n_tokens, K * V) the
     standard deviation of each token's lone rows (with the residual floor).
     """
 
@@ -533,36 +534,27 @@ class _StackedForward:
 def _stacked_state(params, stacked, residual_floor):
     """The parameters as (n_inducing, K * V) and each token's lone-row spread."""
     K, V, M = params.q_mu.shape
-    mean = params.q_mu.transpose(2, 0, 1).reshape(M, K * V)
-    sd = params.q_sqrt.transpose(2, 0, 1).reshape(M, K * V)
-    c = stacked.scales[:, None]
-    variance = stacked.split.lone_squares @ (c * sd) ** 2 + residual_floor
-    return _StackedForward(mean, sd, c, np.sqrt(variance))
+    mean = np.ascontiguousarray(params.q_mu.transpose(2, 0, 1).reshape(M, K * V))
+    sd = np.ascontiguousarray(params.q_sqrt.transpose(2, 0, 1).reshape(M, K * V))
+    c = np.ascontiguousarray(stacked.scales, dtype=np.float64)
+    split = stacked.split
+    token_sd = np.empty((split.n_tokens, K * V))
+    stacked_kernels.token_sd(
+        split.indptr, split.inducing, split.value, split.entry_drawn, c, sd,
+        float(residual_floor), token_sd,
+    )
+    return _StackedForward(mean, sd, c, token_sd)
 
 
 def _stacked_unary(stacked, state, eps, xi):
-    """Unary samples (K, S, n_tokens, V), C-ordered.
-
-    ``f = lone (c * m) + U_drawn^T (c * (m + s * eps))[drawn] + token_sd * xi``.
-    """
-    K, S, T, V = xi.shape
+    """Unary samples (K, S, n_tokens, V), C-ordered (``skgpstruct._stacked``)."""
     split = stacked.split
-    c_drawn = state.c[split.drawn_rows]
-    drawn_mean = c_drawn * state.mean[split.drawn_rows]  # (n_drawn, K * V)
-    drawn_sd = c_drawn * state.sd[split.drawn_rows]
-    # One product with U_drawn^T for the drawn rows' means and their noise
-    # (columns: K * V means, then K * V * S noise terms), both written in
-    # place into one array.
-    drawn = np.empty((eps.shape[0], K * V * (S + 1)))
-    drawn[:, : K * V] = drawn_mean
-    np.multiply(
-        drawn_sd[..., None], eps, out=drawn[:, K * V :].reshape(eps.shape)
+    unary = np.empty(xi.shape)
+    stacked_kernels.unary(
+        split.indptr, split.inducing, split.value, split.entry_drawn,
+        split.drawn_rows, state.c, state.mean, state.sd, state.token_sd, eps, xi,
+        unary,
     )
-    f_all = split.U_drawn.T @ drawn
-    f_mean = split.lone @ (state.c * state.mean) + f_all[:, : K * V]
-    f = f_all[:, K * V :].reshape(T, K, V, S) + f_mean.reshape(T, K, V, 1)
-    unary = state.token_sd.reshape(T, K, V).transpose(1, 0, 2)[:, None] * xi
-    unary += f.transpose(1, 3, 0, 2)
     return unary
 
 
@@ -570,32 +562,25 @@ def _stacked_backward(stacked, state, g_unary, eps, xi):
     """Gradients of the stacked form from the token gradient g (K, S, T, V).
 
     Returns ``d_cm`` and ``d_cs``, each (n_inducing, K * V): the derivatives
-    with respect to ``c * q_mu`` and ``c * q_sqrt``. A drawn row's are
-    ``sum_s (U g)`` and ``sum_s eps (U g)``; a lone row ``r`` at token ``t``
-    gives ``u_r sum_s g`` and its share of that token's spread,
-    ``u_r^2 (c s)_r / token_sd[t] * sum_s g xi``.
+    with respect to ``c * q_mu`` and ``c * q_sqrt`` (see
+    ``skgpstruct._stacked.backward``).
     """
-    K, S, T, V = g_unary.shape
     split = stacked.split
-    g_mean = g_unary.sum(axis=1).transpose(1, 0, 2).reshape(T, K * V)
-    g_xi = np.einsum("kstv,kstv->tkv", g_unary, xi).reshape(T, K * V)
-    g_xi = np.divide(
-        g_xi, state.token_sd, out=np.zeros_like(g_xi), where=state.token_sd > 0
+    d_cm, d_cs = np.zeros_like(state.mean), np.zeros_like(state.mean)
+    stacked_kernels.backward(
+        split.indptr, split.inducing, split.value, split.entry_drawn,
+        split.drawn_rows, state.c, state.sd, state.token_sd, eps, xi,
+        np.ascontiguousarray(g_unary, dtype=np.float64), d_cm, d_cs,
     )
-    d_cm = split.lone.T @ g_mean
-    d_cs = (split.lone_squares.T @ g_xi) * (state.c * state.sd)
-    g = g_unary.transpose(2, 0, 3, 1).reshape(T, K * V * S)  # columns (k, j, s)
-    u_g = (split.U_drawn @ g).reshape(eps.shape)
-    d_cm += split.drawn_gather @ u_g.sum(axis=-1)
-    d_cs += split.drawn_gather @ np.einsum("iks,iks->ik", u_g, eps)
     return d_cm, d_cs
 
 
 def _stacked_inducing_gradient(state, d_cm, d_cs, shape):
     """q_mu and q_sqrt gradients of ``shape`` (K, V, n_inducing)."""
     K, V, M = shape
-    grad_mu = (state.c * d_cm).reshape(M, K, V).transpose(1, 2, 0)
-    grad_sqrt = (state.c * d_cs).reshape(M, K, V).transpose(1, 2, 0)
+    c = state.c[:, None]
+    grad_mu = (c * d_cm).reshape(M, K, V).transpose(1, 2, 0)
+    grad_sqrt = (c * d_cs).reshape(M, K, V).transpose(1, 2, 0)
     return np.ascontiguousarray(grad_mu), np.ascontiguousarray(grad_sqrt)
 
 

@@ -10,7 +10,7 @@ machinery for them (generalised Cauchy point, subspace minimisation) is
 wasted work, and on the GP's largest problem (about 270,000 coordinates,
 one objective evaluation about 50 ms) a profile showed its Fortran
 ``setulb`` costing about 8.7 ms per call and two calls per iteration, about
-17 ms per iteration and over 20 % of the fit. Here an iteration costs three
+17 ms per iteration and over 20 % of the fit. Here an iteration costs two
 matrix-vector products with the ``(2m, n)`` memory, a few ``O(n)`` vector
 operations and ``O(m^3)`` algebra on ``m = 10``; a few milliseconds at that
 size.
@@ -31,8 +31,11 @@ The method:
   with ``[S Y]`` transposed; the same numbers as the two-loop recursion,
   without its ``4m`` separate passes over ``n``-vectors from Python. The
   pairs live in a preallocated ring buffer, and ``R`` and ``Y^T Y`` are
-  updated when a pair enters (one product of the memory with the new
-  ``y``). A pair with ``s^T y <= eps * y^T y`` is not stored (as in
+  updated when a pair enters. That needs the memory's products with the new
+  ``y = g_new - g``: they are those with ``g_new`` (computed then, and kept
+  for the next direction) minus those with ``g`` (kept from the last
+  direction), so an iteration passes over the memory twice, not three
+  times. A pair with ``s^T y <= eps * y^T y`` is not stored (as in
   L-BFGS-B).
 * **Step.** A strong Wolfe line search (:func:`scipy.optimize.line_search`,
   ``c1 = 1e-4``, ``c2 = 0.9``) trying the unit step first; with an empty
@@ -141,6 +144,15 @@ class _CompactMemory:
         ``yy[i, j] = y_i^T y_j`` (slots).
     gamma : float
         ``s^T y / y^T y`` of the newest pair (1 when empty).
+
+    Notes
+    -----
+    Each iteration needs the products of the memory with the new gradient
+    (for the direction) and with ``y`` (for ``S^T Y`` and ``Y^T Y``). The
+    products with the gradient are kept (:meth:`inverse_hessian_times`
+    stores them, :meth:`push` computes them for the next gradient), so that
+    ``memory @ y = memory @ g_new - memory @ g_old`` costs no pass over the
+    memory: one matrix-vector product per iteration fewer, out of three.
     """
 
     def __init__(self, n, m=MEMORY):
@@ -150,6 +162,8 @@ class _CompactMemory:
         self.yy = np.zeros((m, m))
         self.order = []
         self.gamma = 1.0
+        # (g, memory @ g by slot) for the last gradient seen, or None.
+        self._products = None
 
     def __len__(self):
         return len(self.order)
@@ -158,14 +172,29 @@ class _CompactMemory:
         """Forget every pair."""
         self.order = []
         self.gamma = 1.0
+        self._products = None
 
-    def push(self, s, y):
+    def _memory_times(self, g):
+        """``memory @ g`` by slot (``s_j^T g, y_j^T g`` interleaved), kept."""
+        k = len(self.order)
+        products = self.pairs[:k].reshape(2 * k, self.n) @ g
+        self._products = (g, products)
+        return products
+
+    def push(self, s, y, gradient=None, previous_gradient=None):
         """Store the pair ``(s, y)`` unless its curvature is not positive.
 
         Parameters
         ----------
         s, y : ndarray of shape (n,)
             Step and gradient change of the last iteration.
+        gradient, previous_gradient : ndarray of shape (n,) or None
+            The gradients with ``y = gradient - previous_gradient``. When
+            both are given and the memory's products with
+            ``previous_gradient`` (the very array) are kept from
+            :meth:`inverse_hessian_times`, the products with ``y`` are
+            their difference with the products with ``gradient``, which
+            are then kept for the next direction.
 
         Returns
         -------
@@ -180,12 +209,26 @@ class _CompactMemory:
             slot = len(self.order)
         else:
             slot = self.order.pop(0)  # overwrite the oldest
+        kept = self._products
         self.pairs[slot, 0] = s
         self.pairs[slot, 1] = y
         self.order.append(slot)
         k = len(self.order)
-        # One pass over the memory: s_i^T y and y_i^T y for every slot i.
-        products = self.pairs[:k].reshape(2 * k, self.n) @ y
+        if (
+            gradient is not None
+            and kept is not None
+            and kept[0] is previous_gradient
+        ):
+            # One pass over the memory, with the new gradient; the other
+            # slots' products with y follow from those with the previous one.
+            products = self._memory_times(gradient).copy()
+            n_old = kept[1].size
+            products[:n_old] -= kept[1]
+            products[2 * slot : 2 * slot + 2] = sy, yy
+        else:
+            # One pass over the memory: s_i^T y and y_i^T y for every slot i.
+            self._products = None
+            products = self.pairs[:k].reshape(2 * k, self.n) @ y
         self.sy[:k, slot] = products[0::2]
         self.yy[:k, slot] = products[1::2]
         self.yy[slot, :k] = products[1::2]
@@ -211,7 +254,10 @@ class _CompactMemory:
         if k == 0:
             return np.multiply(g, scale, out=out)
         memory = self.pairs[:k].reshape(2 * k, self.n)
-        products = memory @ g  # s_j^T g, y_j^T g interleaved, by slot
+        if self._products is not None and self._products[0] is g:
+            products = self._products[1]
+        else:
+            products = self._memory_times(g)  # s_j^T g, y_j^T g, by slot
         order = np.asarray(self.order)
         a = products[0::2][order]  # S^T g, oldest first
         b = products[1::2][order]  # Y^T g
@@ -452,7 +498,10 @@ def minimize_lbfgs(
             message = MESSAGE_LINE_SEARCH
             break
         z_new, f_new, g_new = step
-        memory.push(np.subtract(z_new, z, out=s), np.subtract(g_new, g, out=y))
+        memory.push(
+            np.subtract(z_new, z, out=s), np.subtract(g_new, g, out=y),
+            gradient=g_new, previous_gradient=g,
+        )
         change = abs(f - f_new) / max(abs(f), abs(f_new), 1.0)
         z, f, g = z_new, f_new, g_new
         n_iter += 1

@@ -1,0 +1,82 @@
+"""NumPy reference of the stacked unary potentials (``skgpstruct._stacked``).
+
+The same sums written with scipy's sparse products, as the library computed
+them before the compiled loops: the lone entries as a (tokens x inducing)
+matrix, the drawn rows as a (rows x tokens) one, and a gather matrix that
+sums per-row values into their inducing variables. Used by the tests and
+by ``benchmarks/bench_stacked.py``.
+"""
+
+from dataclasses import dataclass
+
+import numpy as np
+import scipy.sparse as sp
+
+
+@dataclass
+class SparseSplit:
+    """A :class:`~skgpstruct.inference.inducing.RowSplit` as sparse matrices."""
+
+    lone: sp.csr_matrix  # (n_tokens, n_inducing)
+    lone_squares: sp.csr_matrix
+    U_drawn: sp.csr_matrix  # (n_drawn, n_tokens)
+    drawn_gather: sp.csr_matrix  # (n_inducing, n_drawn)
+
+
+def sparse_split(split, n_inducing):
+    """The sparse matrices of ``split`` (a RowSplit) over ``n_inducing``."""
+    T = split.n_tokens
+    token = np.repeat(np.arange(T), np.diff(split.indptr))
+    is_drawn = split.entry_drawn >= 0
+    lone = sp.csr_matrix(
+        (split.value[~is_drawn], (token[~is_drawn], split.inducing[~is_drawn])),
+        shape=(T, n_inducing),
+    )
+    n_drawn = split.drawn.size
+    U_drawn = sp.csr_matrix(
+        (split.value[is_drawn], (split.entry_drawn[is_drawn], token[is_drawn])),
+        shape=(n_drawn, T),
+    )
+    gather = sp.csr_matrix(
+        (np.ones(n_drawn), (split.drawn_rows, np.arange(n_drawn))),
+        shape=(n_inducing, n_drawn),
+    )
+    return SparseSplit(lone, lone.multiply(lone).tocsr(), U_drawn, gather)
+
+
+def token_sd(sparse, c, sd, floor):
+    """(n_tokens, K * V) standard deviation of every token's lone rows."""
+    return np.sqrt(sparse.lone_squares @ (c[:, None] * sd) ** 2 + floor)
+
+
+def unary(sparse, c, mean, sd, token_sd, eps, xi):
+    """Unary samples (K, S, n_tokens, V)."""
+    K, S, T, V = xi.shape
+    cm, cs = c[:, None] * mean, c[:, None] * sd
+    gather = sparse.drawn_gather.T
+    drawn_mean = gather @ cm  # (n_drawn, K * V)
+    drawn_noise = (gather @ cs)[..., None] * eps  # (n_drawn, K * V, S)
+    f_mean = sparse.lone @ cm + sparse.U_drawn.T @ drawn_mean  # (T, K * V)
+    f_noise = (sparse.U_drawn.T @ drawn_noise.reshape(len(eps), -1)).reshape(
+        T, K * V, S
+    )
+    f = f_mean[:, :, None] + f_noise + token_sd[:, :, None] * xi.transpose(
+        2, 0, 3, 1
+    ).reshape(T, K * V, S)
+    return np.ascontiguousarray(f.reshape(T, K, V, S).transpose(1, 3, 0, 2))
+
+
+def backward(sparse, c, sd, token_sd, eps, xi, g):
+    """``(d_cm, d_cs)``: derivatives of ``sum(g * unary)`` with respect to
+    ``c * mean`` and ``c * sd``, each (n_inducing, K * V)."""
+    K, S, T, V = g.shape
+    g_tks = g.transpose(2, 0, 3, 1).reshape(T, K * V, S)
+    xi_tks = xi.transpose(2, 0, 3, 1).reshape(T, K * V, S)
+    g_mean = g_tks.sum(axis=-1)
+    g_xi = np.einsum("tks,tks->tk", g_tks, xi_tks)
+    g_xi = np.divide(g_xi, token_sd, out=np.zeros_like(g_xi), where=token_sd > 0)
+    d_cm = sparse.lone.T @ g_mean + sparse.drawn_gather @ (sparse.U_drawn @ g_mean)
+    d_cs = (sparse.lone_squares.T @ g_xi) * (c[:, None] * sd)
+    u_g = (sparse.U_drawn @ g_tks.reshape(T, -1)).reshape(eps.shape)
+    d_cs += sparse.drawn_gather @ np.einsum("iks,iks->ik", u_g, eps)
+    return np.asarray(d_cm), np.asarray(d_cs)
