@@ -3,10 +3,13 @@
 A chunk of sequences evaluated in the stacked form (see
 :class:`skgpstruct.inference.inducing.StackedProjection`) has, at every token
 ``t``, a short list of *entries*: the inducing variables ``m`` active there,
-with their feature value ``u`` and, for a row active at several tokens of its
-sequence (a *drawn* row), the index ``i`` of that row's own noise (``-1`` for
-a *lone* row, active at that token only). The entries are stored by token,
-CSR style: ``indptr`` (n_tokens + 1), ``inducing``, ``value``, ``drawn``.
+with their feature value ``u``. A *lone* row is active at one token only;
+the rows active at several tokens of their sequence (and the bias) are
+*drawn*, each with its own noise. The entries are given twice (see
+:class:`skgpstruct.inference.inducing.RowSplit`): token by token, CSR style
+(``indptr``, ``inducing``, ``value``, and ``drawn``: the entry's drawn row
+or -1), and, for the drawn rows, row by row (``row_indptr``, ``row_token``,
+``row_value``, with ``drawn_rows`` their inducing variables).
 
 With ``c`` the feature scales, ``mean`` and ``sd`` the posterior means and
 standard deviations as (n_inducing, K * V) and the base samples ``eps``
@@ -21,11 +24,13 @@ is::
 with ``token_sd[t, kv]^2 = floor + sum_lone entries (u c_m sd[m, kv])^2``:
 the lone rows of a token are summed into one Gaussian draw.
 
-These loops replace sparse products with (n_tokens, K * V * S) dense blocks
-and their gathers and scatters, one pass over each token's entries instead of
-several over the whole chunk. Every function trusts its caller for shapes,
-dtypes and index ranges (``skgpstruct.inference.terms`` builds the arrays)
-and runs without the GIL.
+The loops read each token's entries once, and each drawn row's noise once,
+adding it into (or, backwards, collecting from) per-token arrays of
+``K * V * S`` values that stay in cache: one pass over the noise, where
+sparse products with blocks of ``K * V * S`` columns (the reference in
+``tests/_stacked_reference.py``) make several, with their temporaries.
+Every function trusts its caller for shapes, dtypes and index ranges
+(``skgpstruct.inference.terms`` builds the arrays) and runs without the GIL.
 """
 
 import numpy as np
@@ -72,7 +77,9 @@ def unary(
     const int64_t[::1] indptr,
     const int64_t[::1] inducing,
     const double[::1] value,
-    const int64_t[::1] drawn,
+    const int64_t[::1] row_indptr,
+    const int64_t[::1] row_token,
+    const double[::1] row_value,
     const int64_t[::1] drawn_rows,
     const double[::1] c,
     const double[:, ::1] mean,
@@ -84,55 +91,54 @@ def unary(
 ):
     """Unary samples ``out`` (K, S, n_tokens, V), overwritten.
 
-    ``drawn_rows`` is the inducing variable of every drawn row.
+    ``row_indptr``, ``row_token`` and ``row_value`` list the drawn rows'
+    entries row by row (CSR style) and ``drawn_rows`` their inducing
+    variables: each drawn row's noise is read once and added into the
+    tokens it reaches.
     """
     cdef Py_ssize_t K = xi.shape[0], S = xi.shape[1], T = xi.shape[2]
     cdef Py_ssize_t V = xi.shape[3], KV = K * V, n_drawn = eps.shape[0]
     cdef double[::1] mean_t = np.empty(KV)
-    cdef double[::1] noise_buffer = np.empty(KV * S)
-    # Every drawn row's noise times c sd, (K * V * S) per row: an entry then
-    # adds u times its row, in one flat loop.
-    cdef double[:, ::1] scaled = np.empty((n_drawn, KV * S))
-    cdef double* noise_t = &noise_buffer[0]
+    # The drawn rows' noise summed per token, (K * V * S) per token.
+    cdef double[:, ::1] noise = np.zeros((T, KV * S))
+    cdef double[::1] scaled_buffer = np.empty(KV * S)
+    cdef double* scaled = &scaled_buffer[0]
     cdef double* acc
     cdef const double* row
-    cdef const double* noise
     cdef Py_ssize_t t, j, k, v, kv, s, n
     cdef int64_t m, i
     cdef double u, w
     with nogil:
         for i in range(n_drawn):
+            # The row's noise times c sd, then added, times u, into each of
+            # its tokens in one flat loop.
             m = drawn_rows[i]
-            acc = &scaled[i, 0]
-            noise = &eps[i, 0, 0]
+            row = &eps[i, 0, 0]
             for kv in range(KV):
                 w = c[m] * sd[m, kv]
                 for s in range(S):
-                    acc[kv * S + s] = w * noise[kv * S + s]
+                    scaled[kv * S + s] = w * row[kv * S + s]
+            for j in range(row_indptr[i], row_indptr[i + 1]):
+                u = row_value[j]
+                acc = &noise[row_token[j], 0]
+                for n in range(KV * S):
+                    acc[n] += u * scaled[n]
         for t in range(T):
             for kv in range(KV):
                 mean_t[kv] = 0.0
-            for n in range(KV * S):
-                noise_t[n] = 0.0
             for j in range(indptr[t], indptr[t + 1]):
                 m = inducing[j]
-                u = value[j]
+                w = value[j] * c[m]
                 acc = &mean_t[0]
                 row = &mean[m, 0]
-                w = u * c[m]
                 for kv in range(KV):
                     acc[kv] += w * row[kv]
-                i = drawn[j]
-                if i >= 0:
-                    row = &scaled[i, 0]
-                    for n in range(KV * S):
-                        noise_t[n] += u * row[n]
             for k in range(K):
                 for s in range(S):
                     for v in range(V):
                         kv = k * V + v
                         out[k, s, t, v] = (
-                            mean_t[kv] + noise_t[kv * S + s]
+                            mean_t[kv] + noise[t, kv * S + s]
                             + token_sd[t, kv] * xi[k, s, t, v]
                         )
 
@@ -142,6 +148,9 @@ def backward(
     const int64_t[::1] inducing,
     const double[::1] value,
     const int64_t[::1] drawn,
+    const int64_t[::1] row_indptr,
+    const int64_t[::1] row_token,
+    const double[::1] row_value,
     const int64_t[::1] drawn_rows,
     const double[::1] c,
     const double[:, ::1] sd,
@@ -155,23 +164,22 @@ def backward(
     """Add the gradients of :func:`unary`'s samples into ``d_cm`` and ``d_cs``.
 
     ``g`` (K, S, n_tokens, V) is the gradient with respect to the samples;
-    ``drawn_rows`` the inducing variable of every drawn row; ``d_cm`` and
-    ``d_cs`` (n_inducing, K * V) receive the derivatives with respect to
-    ``c * mean`` and ``c * sd``: an entry adds ``u sum_s g`` to the first
-    and, to the second, its share of the token's spread,
-    ``u^2 (c sd)[m] / token_sd * sum_s g xi`` (lone), or ``u g`` into its
-    drawn row's sum, which adds ``sum_s (sum of u g) eps`` once per row.
+    the drawn rows are given as for :func:`unary`. ``d_cm`` and ``d_cs``
+    (n_inducing, K * V) receive the derivatives with respect to
+    ``c * mean`` and ``c * sd``: an entry adds ``u sum_s g`` to the first;
+    a lone entry adds its share of the token's spread,
+    ``u^2 (c sd)[m] / token_sd * sum_s g xi``, to the second, and a drawn
+    row ``sum_s eps * (sum over its entries of u g)``.
     """
     cdef Py_ssize_t K = xi.shape[0], S = xi.shape[1], T = xi.shape[2]
     cdef Py_ssize_t V = xi.shape[3], KV = K * V, n_drawn = eps.shape[0]
-    cdef double[:, ::1] g_t = np.empty((KV, S))
+    # g per token as (K * V * S), the layout of a drawn row's noise.
+    cdef double[:, ::1] g_t = np.empty((T, KV * S))
     cdef double[::1] g_sum = np.empty(KV)
     cdef double[::1] g_xi = np.empty(KV)
-    # Per drawn row: sum over its entries of u g, (K * V * S).
-    cdef double[:, ::1] row_g = np.zeros((n_drawn, KV * S))
-    cdef const double* g_flat = &g_t[0, 0]
-    cdef const double* noise
-    cdef double* acc_row
+    cdef double[::1] row_g_buffer = np.empty(KV * S)
+    cdef double* row_g = &row_g_buffer[0]
+    cdef const double* row
     cdef Py_ssize_t t, j, k, v, kv, s, n
     cdef int64_t m, i
     cdef double u, acc, spread
@@ -183,7 +191,7 @@ def backward(
                     g_sum[kv] = 0.0
                     acc = 0.0
                     for s in range(S):
-                        g_t[kv, s] = g[k, s, t, v]
+                        g_t[t, kv * S + s] = g[k, s, t, v]
                         g_sum[kv] += g[k, s, t, v]
                         acc = acc + g[k, s, t, v] * xi[k, s, t, v]
                     spread = token_sd[t, kv]
@@ -193,23 +201,24 @@ def backward(
                 u = value[j]
                 for kv in range(KV):
                     d_cm[m, kv] += u * g_sum[kv]
-                i = drawn[j]
-                if i < 0:
+                if drawn[j] < 0:
                     u = u * u * c[m]
                     for kv in range(KV):
                         d_cs[m, kv] += u * sd[m, kv] * g_xi[kv]
-                else:
-                    acc_row = &row_g[i, 0]
-                    for n in range(KV * S):
-                        acc_row[n] += u * g_flat[n]
         for i in range(n_drawn):
-            m = drawn_rows[i]
-            acc_row = &row_g[i, 0]
-            noise = &eps[i, 0, 0]
             for n in range(KV * S):
-                acc_row[n] *= noise[n]
+                row_g[n] = 0.0
+            for j in range(row_indptr[i], row_indptr[i + 1]):
+                u = row_value[j]
+                row = &g_t[row_token[j], 0]
+                for n in range(KV * S):
+                    row_g[n] += u * row[n]
+            row = &eps[i, 0, 0]
+            for n in range(KV * S):
+                row_g[n] *= row[n]
+            m = drawn_rows[i]
             for kv in range(KV):
                 acc = 0.0
                 for s in range(S):
-                    acc = acc + acc_row[kv * S + s]
+                    acc = acc + row_g[kv * S + s]
                 d_cs[m, kv] += acc

@@ -299,6 +299,11 @@ def test_stacked_projection_blocks_are_the_sequences_features(dense):
     np.testing.assert_array_equal(
         split.inducing[is_drawn], split.drawn_rows[split.entry_drawn[is_drawn]]
     )
+    # The drawn rows' entries listed again row by row: the same matrix.
+    by_row = np.zeros_like(U_drawn)
+    row_of = np.repeat(np.arange(split.drawn.size), np.diff(split.row_indptr))
+    by_row[row_of, split.row_token] = split.row_value
+    np.testing.assert_array_equal(by_row, U_drawn)
     lone = np.zeros((n_tokens, inducing.n_inducing))
     is_lone = ~is_drawn
     np.add.at(lone, (token[is_lone], split.inducing[is_lone]), split.value[is_lone])
@@ -386,17 +391,18 @@ def test_stacked_kernels_against_dense_products():
     expected, expected_sd = dense_unary(mean, sd)
     token_sd = np.empty((T, K * V))
     args = (split.indptr, split.inducing, split.value, split.entry_drawn)
+    drawn_rows = (split.row_indptr, split.row_token, split.row_value, split.drawn_rows)
     stacked_kernels.token_sd(*args, c, sd, floor, token_sd)
     np.testing.assert_allclose(token_sd, expected_sd, rtol=1e-13)
     f = np.empty((K, S, T, V))
     stacked_kernels.unary(
-        *args, split.drawn_rows, c, mean, sd, token_sd, eps, xi, f
+        *args[:3], *drawn_rows, c, mean, sd, token_sd, eps, xi, f
     )
     np.testing.assert_allclose(f, expected, rtol=1e-12, atol=1e-13)
 
     d_cm, d_cs = np.zeros((M, K * V)), np.zeros((M, K * V))
     stacked_kernels.backward(
-        *args, split.drawn_rows, c, sd, token_sd, eps, xi, g, d_cm, d_cs
+        *args, *drawn_rows, c, sd, token_sd, eps, xi, g, d_cm, d_cs
     )
     # d sum(g f) / d mean = c * d_cm, exactly (f is linear in mean).
     basis = np.zeros_like(mean)
@@ -444,12 +450,13 @@ def test_stacked_kernels_against_the_sparse_product_reference():
     reference = stacked_reference.sparse_split(split, M)
     expected_sd = stacked_reference.token_sd(reference, c, sd, floor)
     args = (split.indptr, split.inducing, split.value, split.entry_drawn)
+    drawn_rows = (split.row_indptr, split.row_token, split.row_value, split.drawn_rows)
     token_sd = np.empty((T, K * V))
     stacked_kernels.token_sd(*args, c, sd, floor, token_sd)
     np.testing.assert_allclose(token_sd, expected_sd, rtol=1e-13)
     f = np.empty((K, S, T, V))
     stacked_kernels.unary(
-        *args, split.drawn_rows, c, mean, sd, token_sd, eps, xi, f
+        *args[:3], *drawn_rows, c, mean, sd, token_sd, eps, xi, f
     )
     np.testing.assert_allclose(
         f, stacked_reference.unary(reference, c, mean, sd, token_sd, eps, xi),
@@ -457,7 +464,7 @@ def test_stacked_kernels_against_the_sparse_product_reference():
     )
     d_cm, d_cs = np.zeros((M, K * V)), np.zeros((M, K * V))
     stacked_kernels.backward(
-        *args, split.drawn_rows, c, sd, token_sd, eps, xi, g, d_cm, d_cs
+        *args, *drawn_rows, c, sd, token_sd, eps, xi, g, d_cm, d_cs
     )
     expected_cm, expected_cs = stacked_reference.backward(
         reference, c, sd, token_sd, eps, xi, g

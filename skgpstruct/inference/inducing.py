@@ -192,6 +192,14 @@ class RowSplit:
         Every entry's value (the feature's value at that token).
     entry_drawn : ndarray of int64
         Every entry's position in ``drawn``, or -1 for a lone row.
+    row_indptr : ndarray of int64 of shape (drawn.size + 1,)
+        The drawn rows' entries again, row by row: drawn row ``i`` has
+        ``row_indptr[i]:row_indptr[i + 1]`` of ``row_token`` and
+        ``row_value``.
+    row_token : ndarray of int64
+        The token of each of those entries.
+    row_value : ndarray of float64
+        Its value.
     """
 
     drawn: np.ndarray
@@ -200,6 +208,9 @@ class RowSplit:
     inducing: np.ndarray
     value: np.ndarray
     entry_drawn: np.ndarray
+    row_indptr: np.ndarray
+    row_token: np.ndarray
+    row_value: np.ndarray
 
     @property
     def n_tokens(self):
@@ -227,6 +238,7 @@ class RowSplit:
         inducing = np.asarray(rows, dtype=np.int64)[row_of]
         if inducing.size and not 0 <= inducing.min() <= inducing.max() < n_inducing:
             raise ValueError(f"rows must lie in [0, {n_inducing})")
+        U_drawn = U[drawn]
         return cls(
             drawn,
             np.asarray(rows, dtype=np.int64)[drawn],
@@ -234,6 +246,9 @@ class RowSplit:
             inducing,
             np.ascontiguousarray(entries.data[by_token], dtype=np.float64),
             position[row_of],
+            U_drawn.indptr.astype(np.int64),
+            U_drawn.indices.astype(np.int64),
+            U_drawn.data.astype(np.float64),
         )
 
 

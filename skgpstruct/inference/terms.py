@@ -546,14 +546,18 @@ def _stacked_state(params, stacked, residual_floor):
     return _StackedForward(mean, sd, c, token_sd)
 
 
+def _drawn_rows(split):
+    """The drawn rows' entries row by row, and their inducing variables."""
+    return split.row_indptr, split.row_token, split.row_value, split.drawn_rows
+
+
 def _stacked_unary(stacked, state, eps, xi):
     """Unary samples (K, S, n_tokens, V), C-ordered (``skgpstruct._stacked``)."""
     split = stacked.split
     unary = np.empty(xi.shape)
     stacked_kernels.unary(
-        split.indptr, split.inducing, split.value, split.entry_drawn,
-        split.drawn_rows, state.c, state.mean, state.sd, state.token_sd, eps, xi,
-        unary,
+        split.indptr, split.inducing, split.value, *_drawn_rows(split), state.c,
+        state.mean, state.sd, state.token_sd, eps, xi, unary,
     )
     return unary
 
@@ -569,7 +573,7 @@ def _stacked_backward(stacked, state, g_unary, eps, xi):
     d_cm, d_cs = np.zeros_like(state.mean), np.zeros_like(state.mean)
     stacked_kernels.backward(
         split.indptr, split.inducing, split.value, split.entry_drawn,
-        split.drawn_rows, state.c, state.sd, state.token_sd, eps, xi,
+        *_drawn_rows(split), state.c, state.sd, state.token_sd, eps, xi,
         np.ascontiguousarray(g_unary, dtype=np.float64), d_cm, d_cs,
     )
     return d_cm, d_cs
