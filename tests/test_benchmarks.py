@@ -7,7 +7,8 @@ values worked out by hand, the summary of folds, the CRF peer's selection
 over two c2 grids from one inner cross-validation, the dev splits' setting
 parser and their mean-potential marginals against enumeration, and the
 stacked-potentials benchmark on a synthetic chunk (its check of the
-compiled loops against the sparse products, and its paired timing).
+compiled loops against the sparse products, and its paired timing), and
+profile_fit's sum of a function's cumulative time.
 """
 
 import importlib
@@ -264,3 +265,29 @@ def test_bench_stacked_on_a_synthetic_chunk(common, capsys):
     second = lambda: calls.append("b")  # noqa: E731
     bench_stacked.paired_timings(first, second, 0.0, rounds=3)
     assert calls == ["a", "b"] * 4
+
+
+def test_profile_fit_sums_a_function_s_cumulative_time(dev_splits):
+    import cProfile
+    import pstats
+    import time
+
+    sys.path.insert(0, str(BENCHMARKS))
+    try:
+        profile_fit = importlib.import_module("profile_fit")
+    finally:
+        sys.path.remove(str(BENCHMARKS))
+
+    def inner():
+        time.sleep(0.02)
+
+    def outer():
+        inner()
+        inner()
+
+    profile = cProfile.Profile()
+    profile.runcall(outer)
+    stats = pstats.Stats(profile)
+    inner_seconds = profile_fit.cumulative_seconds(stats, "inner")
+    assert 0.035 < inner_seconds <= profile_fit.cumulative_seconds(stats, "outer")
+    assert profile_fit.cumulative_seconds(stats, "no_such_function") == 0

@@ -1,0 +1,85 @@
+"""Where a fit's time goes: ``cProfile`` of one Table 1 fold's fit.
+
+Fits ``GPStructClassifier(random_state=0)`` (plus any ``--setting``
+parameters, as in ``dev_splits.py``) on the training part of one Table 1
+fold with the CRF++ template features, under ``cProfile``, and prints the
+functions with the most time of their own, then the milliseconds per
+iteration of the main parts of an iteration: the ELBO evaluations (and,
+inside them, the stacked potentials, forward-backward and the rest) and
+the L-BFGS direction and memory update. cProfile adds its own overhead to
+every Python call, so read the split, not the total.
+
+Run from the repository root::
+
+    OPENBLAS_NUM_THREADS=1 python benchmarks/profile_fit.py --dataset JapaneseNE
+"""
+
+import argparse
+import cProfile
+import pstats
+import warnings
+
+from _common import (
+    DATASETS,
+    DEFAULT_DATA_DIR,
+    fold_split,
+    load_pool,
+    read_folds,
+    take,
+    template_features,
+)
+from dev_splits import parse_setting
+
+from skgpstruct import GPStructClassifier
+
+#: (label, function name as cProfile reports it): cumulative time per iteration.
+PARTS = (
+    ("ELBO evaluations", "evaluate"),
+    ("  stacked samples", "_stacked_unary"),
+    ("  stacked gradients", "_stacked_backward"),
+    ("  forward-backward", "_forward_backward"),
+    ("L-BFGS direction", "inverse_hessian_times"),
+    ("L-BFGS memory update", "push"),
+)
+
+
+def cumulative_seconds(stats, name):
+    """Cumulative seconds of the functions called ``name`` (all files)."""
+    return sum(
+        entry[3] for (_, _, function), entry in stats.stats.items()
+        if function == name
+    )
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--dataset", choices=list(DATASETS), default="JapaneseNE")
+    parser.add_argument("--fold", type=int, default=0)
+    parser.add_argument("--setting", default="", type=parse_setting,
+                        help="estimator parameters, name=value ...")
+    parser.add_argument("--data", default=str(DEFAULT_DATA_DIR), metavar="DIR")
+    parser.add_argument("--top", type=int, default=15)
+    args = parser.parse_args(argv)
+    dataset = DATASETS[args.dataset]
+    tokens, labels, template = load_pool(args.data, dataset)
+    train, _ = fold_split(read_folds(args.data, dataset), args.fold, dataset.n_train)
+    train_tokens = take(tokens, train)
+    X, _, _, _ = template_features(template, train_tokens, train_tokens[:1])
+    y = take(labels, train)
+    model = GPStructClassifier(**{"random_state": 0, **args.setting})
+    profile = cProfile.Profile()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        profile.runcall(model.fit, X, y)
+    stats = pstats.Stats(profile)
+    stats.sort_stats("tottime").print_stats(args.top)
+    n_iter = model.n_iter_
+    print(f"{args.dataset} fold {args.fold}: {sum(map(len, y))} training tokens, "
+          f"{n_iter} iterations, {stats.total_tt:.2f} s under cProfile")
+    print("milliseconds per iteration (cumulative, under cProfile):")
+    for label, name in PARTS:
+        print(f"  {label:24s} {1e3 * cumulative_seconds(stats, name) / n_iter:7.2f}")
+
+
+if __name__ == "__main__":
+    main()
