@@ -654,7 +654,8 @@ GroupedLinearKernel`: automatic relevance determination per group).
         for name in ("saga_memory_bytes_", "validation_score_history_"):
             self.__dict__.pop(name, None)
         # Threads by default: the chunk terms release the GIL (compiled
-        # chain kernels, scipy's sparse products, NumPy on large arrays) and
+        # chain and stacked-potential kernels, scipy's sparse products,
+        # NumPy on large arrays) and
         # share the chunks with no copy; a backend set with
         # joblib.parallel_config (loky, dask) takes precedence. BLAS runs on
         # one thread in this process and its worker threads during the fit,

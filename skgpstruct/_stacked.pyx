@@ -49,9 +49,10 @@ def token_sd(
     double floor,
     double[:, ::1] out,
 ):
-    """Standard deviation of every token's lone rows plus ``floor``.
+    """The spread of every token's lone rows, ``out`` (n_tokens, K * V).
 
-    ``out`` (n_tokens, K * V) is overwritten.
+    ``out[t, kv] = sqrt(floor + sum over the lone entries of t of
+    (u c_m sd[m, kv])^2)``, overwritten.
     """
     cdef Py_ssize_t T = out.shape[0], KV = out.shape[1]
     cdef Py_ssize_t t, j, kv

@@ -589,7 +589,7 @@ def _stacked_inducing_gradient(state, d_cm, d_cs, shape):
 
 
 def _pathwise_stacked(chunk, shared, stacked, rng, cache=None, local=False):
-    """:func:`_pathwise` with all the chunk's sequences in a few sparse products.
+    """:func:`_pathwise` with all the chunk's sequences at once (compiled loops).
 
     The same distribution of the unary potentials as the per-sequence loop
     (every sequence its own draw of the inducing variables), sampled with
