@@ -355,6 +355,16 @@ def _random_split(rng, n_tokens=7, n_inducing=6, n_rows=12):
     return RowSplit.of(sp.csr_matrix(U), rows, n_inducing), U, rows
 
 
+def test_row_split_refuses_inducing_variables_out_of_range():
+    # The compiled loops index the parameters with these numbers unchecked,
+    # so the split is where a wrong number must stop.
+    U = sp.csr_matrix(np.array([[1.0, 0.0], [0.0, 2.0]]))
+    RowSplit.of(U, np.array([0, 2]), 3)
+    for rows in (np.array([0, 3]), np.array([-1, 0])):
+        with pytest.raises(ValueError, match=r"rows must lie in \[0, 3\)"):
+            RowSplit.of(U, rows, 3)
+
+
 def test_stacked_kernels_against_dense_products():
     # The compiled unary samples against the same formula written with dense
     # matrices (lone rows through one draw per token, drawn rows through their
