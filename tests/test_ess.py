@@ -404,3 +404,23 @@ def test_estimator_ess_rejects_bad_burn_in():
     X, y = make_sequences(5, random_state=0)
     with pytest.raises(ValueError, match="ess_burn_in"):
         GPStructClassifier(inference="ess", ess_n_iter=10, ess_burn_in=10).fit(X, y)
+
+
+def test_the_sampler_s_log_likelihood_checks_once_and_matches_the_chain():
+    # The first call validates (a bad label is refused there); later calls
+    # skip the checks and give log_likelihood's numbers exactly.
+    rng = np.random.default_rng(3)
+    offsets = np.array([0, 4, 4, 9], dtype=np.int64)
+    labels = rng.integers(3, size=9)
+    target = ess._ChainLogLikelihood(offsets, labels, 9, 3)
+    states = [rng.normal(scale=s, size=9 * 3 + 9) for s in (1.0, 5.0, 30.0)]
+    for state in states:
+        expected = chain.log_likelihood(
+            state[:27].reshape(1, 9, 3), state[27:].reshape(1, 3, 3),
+            offsets, labels,
+        ).sum()
+        assert target(state) == expected
+    assert target.checked
+    bad = ess._ChainLogLikelihood(offsets, np.full(9, 3), 9, 3)
+    with pytest.raises(ValueError, match="labels"):
+        bad(states[0])

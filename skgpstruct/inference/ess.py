@@ -163,7 +163,14 @@ def elliptical_slice(state, prior_draw, log_likelihood, current_log_likelihood, 
 
 
 class _ChainLogLikelihood:
-    """``log p(y | f)`` of the training sequences for a flat state vector."""
+    """``log p(y | f)`` of the training sequences for a flat state vector.
+
+    The first call validates the offsets, the labels and the state's shape
+    and values (:func:`skgpstruct.chain.log_likelihood`, clear messages);
+    later calls skip the checks, which cost about as much as a short
+    sequence's forward pass. Their states are proposals on an ellipse through
+    the current state and a Gaussian draw, finite like both.
+    """
 
     def __init__(self, offsets, labels, n_tokens, n_classes):
         self.offsets = offsets
@@ -171,11 +178,17 @@ class _ChainLogLikelihood:
         self.n_unary = n_tokens * n_classes
         self.unary_shape = (1, n_tokens, n_classes)
         self.pairwise_shape = (1, n_classes, n_classes)
+        self.checked = False
 
     def __call__(self, state):
         unary = state[: self.n_unary].reshape(self.unary_shape)
         pairwise = state[self.n_unary :].reshape(self.pairwise_shape)
+        if self.checked:
+            return chain._log_likelihood_sum_unchecked(
+                unary, pairwise, self.offsets, self.labels
+            )
         loglik = chain.log_likelihood(unary, pairwise, self.offsets, self.labels)
+        self.checked = True
         return float(loglik.sum())
 
 
