@@ -103,14 +103,14 @@ def measure(name, X, offsets, n_labels, n_samples, min_time, rng):
     eps = rng.normal(size=(split.drawn.size, KV, S))
     xi, g = rng.normal(size=(2, 1, S, T, KV))
     floor = 1e-6
-    args = (split.indptr, split.inducing, split.value, split.entry_drawn)
-    drawn_rows = (split.row_indptr, split.row_token, split.row_value, split.drawn_rows)
+    args = (*split.by_token, split.entry_drawn)
+    drawn_rows = split.by_row
 
     def compiled():
         token_sd = np.empty((T, KV))
         _stacked.token_sd(*args, c, sd, floor, token_sd)
         f = np.empty(xi.shape)
-        _stacked.unary(*args[:3], *drawn_rows, c, mean, sd, token_sd, eps, xi, f)
+        _stacked.unary(*split.by_token, *drawn_rows, c, mean, sd, token_sd, eps, xi, f)
         d_cm, d_cs = np.zeros((M, KV)), np.zeros((M, KV))
         _stacked.backward(
             *args, *drawn_rows, c, sd, token_sd, eps, xi, g, d_cm, d_cs

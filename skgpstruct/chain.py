@@ -137,19 +137,36 @@ def _forward_backward(unary, pairwise, offsets, with_marginals):
     return log_z, marginals, pair_marginals
 
 
-def _log_likelihood_sum_unchecked(unary, pairwise, offsets, labels):
-    """``log_likelihood(...).sum()`` without validating the arguments.
+def _log_likelihood_unchecked(unary, pairwise, offsets, labels, return_gradient):
+    """:func:`log_likelihood` on arguments it has already validated.
 
-    For a caller that evaluates thousands of states of one problem (the ESS
-    sampler) after :func:`log_likelihood` has checked its arrays once:
+    Also for a caller that evaluates thousands of states of one problem (the
+    ESS sampler) after ``log_likelihood`` has checked its arrays once:
     ``unary`` (S, n_tokens, V) and ``pairwise`` (S, V, V) C-contiguous
-    float64 and finite, ``offsets`` and ``labels`` as that call returned
-    them valid (int64). The same numbers as ``log_likelihood``.
+    float64 and finite, ``offsets`` and ``labels`` valid int64 arrays.
     """
-    log_z, _, _ = _forward_backward(unary, pairwise, offsets, with_marginals=False)
-    scores = np.empty_like(log_z)
+    n_samples, n_tokens, n_labels = unary.shape
+    n_seq = offsets.shape[0] - 1
+    log_z, marginals, pair_marginals = _forward_backward(
+        unary, pairwise, offsets, with_marginals=return_gradient
+    )
+    scores = np.empty((n_samples, n_seq))
     _chain.path_scores(unary, pairwise, offsets, labels, scores)
-    return float((scores - log_z).sum())
+    loglik = scores - log_z
+    if not return_gradient:
+        return loglik
+
+    grad_unary = np.negative(marginals, out=marginals)
+    grad_unary[:, np.arange(n_tokens), labels] += 1.0
+
+    sequence = np.repeat(np.arange(n_seq), np.diff(offsets))
+    within = sequence[:-1] == sequence[1:]
+    flat = (sequence[:-1][within] * n_labels + labels[:-1][within]) * n_labels
+    flat += labels[1:][within]
+    counts = np.bincount(flat, minlength=n_seq * n_labels * n_labels)
+    counts = counts.reshape(n_seq, n_labels, n_labels).astype(np.float64)
+    grad_pairwise = np.subtract(counts, pair_marginals, out=pair_marginals)
+    return loglik, grad_unary, grad_pairwise
 
 
 def forward_backward(unary, pairwise, offsets):
@@ -334,26 +351,7 @@ def log_likelihood(unary, pairwise, offsets, labels, *, return_gradient=False):
     unary, pairwise, offsets = _check_chain(
         unary, pairwise, offsets, with_samples=True
     )
-    n_samples, n_tokens, n_labels = unary.shape
-    labels = _check_labels(labels, n_tokens, n_labels)
-    n_seq = offsets.shape[0] - 1
-    log_z, marginals, pair_marginals = _forward_backward(
-        unary, pairwise, offsets, with_marginals=return_gradient
+    labels = _check_labels(labels, unary.shape[1], unary.shape[2])
+    return _log_likelihood_unchecked(
+        unary, pairwise, offsets, labels, return_gradient
     )
-    scores = np.empty((n_samples, n_seq))
-    _chain.path_scores(unary, pairwise, offsets, labels, scores)
-    loglik = scores - log_z
-    if not return_gradient:
-        return loglik
-
-    grad_unary = np.negative(marginals, out=marginals)
-    grad_unary[:, np.arange(n_tokens), labels] += 1.0
-
-    sequence = np.repeat(np.arange(n_seq), np.diff(offsets))
-    within = sequence[:-1] == sequence[1:]
-    flat = (sequence[:-1][within] * n_labels + labels[:-1][within]) * n_labels
-    flat += labels[1:][within]
-    counts = np.bincount(flat, minlength=n_seq * n_labels * n_labels)
-    counts = counts.reshape(n_seq, n_labels, n_labels).astype(np.float64)
-    grad_pairwise = np.subtract(counts, pair_marginals, out=pair_marginals)
-    return loglik, grad_unary, grad_pairwise

@@ -355,6 +355,25 @@ def _random_split(rng, n_tokens=7, n_inducing=6, n_rows=12):
     return RowSplit.of(sp.csr_matrix(U), rows, n_inducing), U, rows
 
 
+def test_a_compact_layout_holding_every_feature_keeps_the_global_numbers():
+    # No support (nothing to restrict) and the same layout as without
+    # compact numbering, when every feature is active in the chunk.
+    rng = np.random.default_rng(6)
+    X = sp.csr_matrix(rng.uniform(0.5, 1.5, size=(7, 4)))
+    offsets = np.array([0, 3, 7], dtype=np.int64)
+    inducing = InducingFeatures(4)
+    compact = inducing.chunk_layout(X, offsets, compact=True)
+    full = inducing.chunk_layout(X, offsets)
+    assert compact.support is None and inducing.support(compact) is None
+    np.testing.assert_array_equal(compact.stacked_rows, full.stacked_rows)
+    np.testing.assert_array_equal(compact.split.inducing, full.split.inducing)
+    # One feature missing from the chunk: a support of the others and the bias.
+    X_missing = X.toarray()
+    X_missing[:, 2] = 0.0
+    missing = inducing.chunk_layout(sp.csr_matrix(X_missing), offsets, compact=True)
+    np.testing.assert_array_equal(missing.support, [0, 1, 3, 4])
+
+
 def test_row_split_refuses_inducing_variables_out_of_range():
     # The compiled loops index the parameters with these numbers unchecked,
     # so the split is where a wrong number must stop.
@@ -400,13 +419,13 @@ def test_stacked_kernels_against_dense_products():
 
     expected, expected_sd = dense_unary(mean, sd)
     token_sd = np.empty((T, K * V))
-    args = (split.indptr, split.inducing, split.value, split.entry_drawn)
-    drawn_rows = (split.row_indptr, split.row_token, split.row_value, split.drawn_rows)
+    args = (*split.by_token, split.entry_drawn)
+    drawn_rows = split.by_row
     stacked_kernels.token_sd(*args, c, sd, floor, token_sd)
     np.testing.assert_allclose(token_sd, expected_sd, rtol=1e-13)
     f = np.empty((K, S, T, V))
     stacked_kernels.unary(
-        *args[:3], *drawn_rows, c, mean, sd, token_sd, eps, xi, f
+        *split.by_token, *drawn_rows, c, mean, sd, token_sd, eps, xi, f
     )
     np.testing.assert_allclose(f, expected, rtol=1e-12, atol=1e-13)
 
@@ -459,14 +478,14 @@ def test_stacked_kernels_against_the_sparse_product_reference():
     xi, g = rng.normal(size=(2, K, S, T, V))
     reference = stacked_reference.sparse_split(split, M)
     expected_sd = stacked_reference.token_sd(reference, c, sd, floor)
-    args = (split.indptr, split.inducing, split.value, split.entry_drawn)
-    drawn_rows = (split.row_indptr, split.row_token, split.row_value, split.drawn_rows)
+    args = (*split.by_token, split.entry_drawn)
+    drawn_rows = split.by_row
     token_sd = np.empty((T, K * V))
     stacked_kernels.token_sd(*args, c, sd, floor, token_sd)
     np.testing.assert_allclose(token_sd, expected_sd, rtol=1e-13)
     f = np.empty((K, S, T, V))
     stacked_kernels.unary(
-        *args[:3], *drawn_rows, c, mean, sd, token_sd, eps, xi, f
+        *split.by_token, *drawn_rows, c, mean, sd, token_sd, eps, xi, f
     )
     np.testing.assert_allclose(
         f, stacked_reference.unary(reference, c, mean, sd, token_sd, eps, xi),

@@ -184,11 +184,12 @@ class _ChainLogLikelihood:
         unary = state[: self.n_unary].reshape(self.unary_shape)
         pairwise = state[self.n_unary :].reshape(self.pairwise_shape)
         if self.checked:
-            return chain._log_likelihood_sum_unchecked(
-                unary, pairwise, self.offsets, self.labels
+            loglik = chain._log_likelihood_unchecked(
+                unary, pairwise, self.offsets, self.labels, return_gradient=False
             )
-        loglik = chain.log_likelihood(unary, pairwise, self.offsets, self.labels)
-        self.checked = True
+        else:
+            loglik = chain.log_likelihood(unary, pairwise, self.offsets, self.labels)
+            self.checked = True
         return float(loglik.sum())
 
 

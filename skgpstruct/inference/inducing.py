@@ -216,6 +216,17 @@ class RowSplit:
     def n_tokens(self):
         return self.indptr.size - 1
 
+    @property
+    def by_token(self):
+        """``(indptr, inducing, value)``: the entries token by token."""
+        return self.indptr, self.inducing, self.value
+
+    @property
+    def by_row(self):
+        """``(row_indptr, row_token, row_value, drawn_rows)``: the drawn rows'
+        entries row by row, and their inducing variables."""
+        return self.row_indptr, self.row_token, self.row_value, self.drawn_rows
+
     @classmethod
     def of(cls, U, rows, n_inducing):
         """Split the stacked rows of ``U`` (CSR, rows x tokens).
@@ -235,13 +246,14 @@ class RowSplit:
         row_of = entries.row[by_token]
         indptr = np.zeros(n_tokens + 1, dtype=np.int64)
         np.cumsum(np.bincount(entries.col, minlength=n_tokens), out=indptr[1:])
-        inducing = np.asarray(rows, dtype=np.int64)[row_of]
+        rows = np.asarray(rows, dtype=np.int64)
+        inducing = rows[row_of]
         if inducing.size and not 0 <= inducing.min() <= inducing.max() < n_inducing:
             raise ValueError(f"rows must lie in [0, {n_inducing})")
         U_drawn = U[drawn]
         return cls(
             drawn,
-            np.asarray(rows, dtype=np.int64)[drawn],
+            rows[drawn],
             indptr,
             inducing,
             np.ascontiguousarray(entries.data[by_token], dtype=np.float64),

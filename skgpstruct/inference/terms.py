@@ -540,15 +540,9 @@ def _stacked_state(params, stacked, residual_floor):
     split = stacked.split
     token_sd = np.empty((split.n_tokens, K * V))
     stacked_kernels.token_sd(
-        split.indptr, split.inducing, split.value, split.entry_drawn, c, sd,
-        float(residual_floor), token_sd,
+        *split.by_token, split.entry_drawn, c, sd, float(residual_floor), token_sd
     )
     return _StackedForward(mean, sd, c, token_sd)
-
-
-def _drawn_rows(split):
-    """The drawn rows' entries row by row, and their inducing variables."""
-    return split.row_indptr, split.row_token, split.row_value, split.drawn_rows
 
 
 def _stacked_unary(stacked, state, eps, xi):
@@ -556,8 +550,8 @@ def _stacked_unary(stacked, state, eps, xi):
     split = stacked.split
     unary = np.empty(xi.shape)
     stacked_kernels.unary(
-        split.indptr, split.inducing, split.value, *_drawn_rows(split), state.c,
-        state.mean, state.sd, state.token_sd, eps, xi, unary,
+        *split.by_token, *split.by_row, state.c, state.mean, state.sd,
+        state.token_sd, eps, xi, unary,
     )
     return unary
 
@@ -572,9 +566,9 @@ def _stacked_backward(stacked, state, g_unary, eps, xi):
     split = stacked.split
     d_cm, d_cs = np.zeros_like(state.mean), np.zeros_like(state.mean)
     stacked_kernels.backward(
-        split.indptr, split.inducing, split.value, split.entry_drawn,
-        *_drawn_rows(split), state.c, state.sd, state.token_sd, eps, xi,
-        np.ascontiguousarray(g_unary, dtype=np.float64), d_cm, d_cs,
+        *split.by_token, split.entry_drawn, *split.by_row, state.c, state.sd,
+        state.token_sd, eps, xi, np.ascontiguousarray(g_unary, dtype=np.float64),
+        d_cm, d_cs,
     )
     return d_cm, d_cs
 
