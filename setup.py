@@ -1,4 +1,7 @@
-"""Build the compiled kernels (chain, stacked potentials); metadata: pyproject.toml."""
+"""Build the compiled kernels (chain, stacked potentials, Adam step).
+
+The metadata is in pyproject.toml.
+"""
 
 import numpy as np
 from Cython.Build import cythonize
@@ -6,13 +9,13 @@ from setuptools import Extension, setup
 
 extensions = [
     Extension(
-        f"skgpstruct.{name}",
-        [f"skgpstruct/{name}.pyx"],
+        name,
+        [name.replace(".", "/") + ".pyx"],
         include_dirs=[np.get_include()],
         define_macros=[("NPY_NO_DEPRECATED_API", "NPY_1_7_API_VERSION")],
-        extra_compile_args=["-O3"],
+        extra_compile_args=["-O3", "-fno-math-errno"],
     )
-    for name in ("_chain", "_stacked")
+    for name in ("skgpstruct._chain", "skgpstruct._stacked", "skgpstruct.optim._adam")
 ]
 
 setup(

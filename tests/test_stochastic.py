@@ -10,6 +10,7 @@ from sklearn.exceptions import ConvergenceWarning
 from skgpstruct import GPStructClassifier
 from skgpstruct.datasets import make_sequences
 from skgpstruct.inference.elbo import LocalGradient
+from skgpstruct.optim._adam import adam_ascent_step
 from skgpstruct.optim.saga import SparseGradient, maximize_saga
 
 
@@ -125,6 +126,61 @@ def test_sparse_gradient_differences_on_other_coordinates():
     same = _difference(a, SparseGradient(a.indices, np.array([1.0, 1.0])), 6)
     assert isinstance(same, SparseGradient) and same.indices is a.indices
     np.testing.assert_array_equal(same.values, [0.0, 1.0])
+
+
+def _adam_reference(x, m, v, d, rate, beta1, beta2, eps, t, low, high):
+    """Adam's ascent step written with NumPy, on copies."""
+    m = beta1 * m + (1 - beta1) * d
+    v = beta2 * v + (1 - beta2) * d**2
+    m_hat, v_hat = m / (1 - beta1**t), v / (1 - beta2**t)
+    x = x + rate * m_hat / (np.sqrt(v_hat) + eps)
+    if low is not None:
+        x = np.clip(x, low, high)
+    return x, m, v
+
+
+@pytest.mark.parametrize("bounded", [False, True])
+@pytest.mark.parametrize("t", [1, 2, 37])
+def test_compiled_adam_step_is_the_adam_formula(bounded, t):
+    rng = np.random.default_rng(t)
+    n = 1001  # odd: the vectorised loop's remainder too
+    x, d = rng.normal(size=(2, n))
+    m, v = rng.normal(size=n), rng.uniform(0.0, 2.0, size=n)
+    v[:5] = 0.0  # sqrt(0) + eps
+    rate = rng.uniform(0.01, 0.1, size=n)
+    low = high = None
+    if bounded:
+        low, high = np.full(n, -np.inf), np.full(n, np.inf)
+        low[::3], high[1::3] = -0.01, 0.01  # some coordinates end on a bound
+    expected = _adam_reference(x, m, v, d, rate, 0.9, 0.999, 1e-8, t, low, high)
+    adam_ascent_step(x, m, v, d, rate, 0.9, 0.999, 1e-8, t, low, high)
+    for got, want in zip((x, m, v), expected, strict=True):
+        np.testing.assert_allclose(got, want, rtol=1e-13, atol=1e-15)
+    if bounded:
+        assert np.all(x[::3] >= -0.01) and np.all(x[1::3] <= 0.01)
+        assert np.any(x[::3] == -0.01) and np.any(x[1::3] == 0.01)
+
+
+@pytest.mark.parametrize(
+    "change, match",
+    [
+        ({"m": np.zeros(4)}, "same length"),
+        ({"rate": np.ones(6)}, "same length"),
+        ({"low": np.zeros(5)}, "both low and high"),
+        ({"low": np.zeros(4), "high": np.ones(4)}, "length of x"),
+        ({"t": 0}, "t must be >= 1"),
+        ({"direction": "x"}, "not share memory"),
+        ({"rate": "m"}, "not share memory"),
+    ],
+)
+def test_compiled_adam_step_refuses_mismatched_arguments(change, match):
+    args = {name: np.zeros(5) for name in ("x", "m", "v", "direction", "rate")}
+    # A string names another argument: the two share their array.
+    change = {k: args[c] if isinstance(c, str) else c for k, c in change.items()}
+    args.update(beta1=0.9, beta2=0.999, eps=1e-8, t=1, low=None, high=None)
+    args.update(change)
+    with pytest.raises(ValueError, match=match):
+        adam_ascent_step(**args)
 
 
 def test_saga_returns_the_best_point_on_the_held_out_score():

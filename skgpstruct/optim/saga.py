@@ -41,6 +41,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from ._adam import adam_ascent_step
 from .box import bound_arrays
 
 __all__ = ["SAGAResult", "SparseGradient", "maximize_saga"]
@@ -206,8 +207,8 @@ def maximize_saga(
         }
     stored, total = state["stored"], state["total"]
     beta1, beta2, eps = 0.9, 0.999, 1e-8
-    # Work buffers of the update: a step allocates no n-vector of its own.
-    direction, step, spread = np.empty(n), np.empty(n), np.empty(n)
+    # Work buffer of the update: a step allocates no n-vector of its own.
+    direction = np.empty(n)
     history, validation_history = [], []
     no_change, converged = 0, False
     best, best_x, best_epoch = -np.inf, None, 0
@@ -221,7 +222,7 @@ def maximize_saga(
                 if record is not None:
                     _add_scaled(total, expand(record, x))
         values = []
-        rate = step_size / np.sqrt(epoch)
+        rate = np.ascontiguousarray(step_size / np.sqrt(epoch))
         for _ in range(n_items):
             i = int(rng.integers(n_items))
             state["t"] += 1
@@ -235,24 +236,10 @@ def maximize_saga(
             _add_scaled(direction, delta, n_items)
             _add_scaled(total, delta)
             values.append(n_items * value + exact_value)
-            m, v, t = state["m"], state["v"], state["t"]
-            # Adam: m and v the moving moments, then
-            # x += rate * m_hat / (sqrt(v_hat) + eps), in place.
-            m *= beta1
-            m += np.multiply(direction, 1 - beta1, out=step)
-            v *= beta2
-            np.square(direction, out=spread)
-            spread *= 1 - beta2
-            v += spread
-            np.divide(m, 1 - beta1**t, out=step)  # m_hat
-            step *= rate
-            np.divide(v, 1 - beta2**t, out=spread)  # v_hat
-            np.sqrt(spread, out=spread)
-            spread += eps
-            step /= spread
-            x += step
-            if low is not None:
-                np.clip(x, low, high, out=x)
+            adam_ascent_step(
+                x, state["m"], state["v"], direction, rate, beta1, beta2, eps,
+                state["t"], low, high,
+            )
         history.append(float(np.mean(values)))
         if validation is not None:
             validation_history.append(float(validation(x)))
