@@ -1,4 +1,4 @@
-"""Build the compiled kernels (chain, stacked potentials, Adam step).
+"""Build the compiled kernels (chain, stacked potentials, whole vectors).
 
 The metadata is in pyproject.toml.
 """
@@ -15,7 +15,7 @@ extensions = [
         define_macros=[("NPY_NO_DEPRECATED_API", "NPY_1_7_API_VERSION")],
         extra_compile_args=["-O3", "-fno-math-errno"],
     )
-    for name in ("skgpstruct._chain", "skgpstruct._stacked", "skgpstruct.optim._adam")
+    for name in ("skgpstruct._chain", "skgpstruct._stacked", "skgpstruct._vectors")
 ]
 
 setup(

@@ -12,6 +12,8 @@ import numpy as np
 from scipy import linalg
 from threadpoolctl import ThreadpoolController
 
+from ._vectors import same_bits
+
 __all__ = [
     "jitter_cholesky", "cholesky_backward", "CholeskyError", "single_blas_thread",
     "same_vector",
@@ -148,13 +150,22 @@ def single_blas_thread():
 
 
 def same_vector(a, b):
-    """Whether ``a`` and ``b`` are equal arrays, one cheap entry first.
+    """Whether ``a`` and ``b`` are the same point: the test of a cache.
 
-    Optimisers move every coordinate at once, so unequal points almost
-    always differ at the first entry; equal ones are then compared whole.
+    Contiguous float64 vectors are compared bit for bit (``memcmp``, see
+    :func:`skgpstruct._vectors.same_bits`: ``0.0`` and ``-0.0`` differ,
+    a NaN equals itself, both harmless for a cache); other arrays with
+    ``numpy.array_equal``. Optimisers move every coordinate at once, so
+    unequal points almost always differ at the first entry.
     """
     if a is b:
         return True
     if a.shape != b.shape:
         return False
+    if _is_plain_vector(a) and _is_plain_vector(b):
+        return same_bits(a, b)
     return a.size == 0 or bool(a.flat[0] == b.flat[0] and np.array_equal(a, b))
+
+
+def _is_plain_vector(a):
+    return a.ndim == 1 and a.dtype == np.float64 and a.flags.c_contiguous

@@ -4,6 +4,7 @@ import numpy as np
 import pytest
 from scipy.optimize import rosen, rosen_der
 
+from skgpstruct._linalg import same_vector
 from skgpstruct.optim import lbfgs as lbfgs_module
 from skgpstruct.optim import minimize_lbfgs, minimize_lbfgs_rounds
 from skgpstruct.optim.box import SmoothBox, bound_arrays
@@ -15,6 +16,27 @@ BOUNDS = [(-2.0, 3.0), (0.5, None), (None, -1.0), (None, None)]
 
 def _box():
     return SmoothBox(*bound_arrays(BOUNDS, 4))
+
+
+def test_same_vector_compares_every_entry():
+    a = np.linspace(0.0, 1.0, 1001)
+    assert same_vector(a, a.copy()) and same_vector(a, a)
+    for index in (0, 500, 1000):  # memcmp must read to the last byte
+        b = a.copy()
+        b[index] = np.nextafter(b[index], 2.0)
+        assert not same_vector(a, b)
+    assert not same_vector(a, a[:-1])
+    assert same_vector(np.empty(0), np.empty(0))
+    # bit for bit: a NaN is the same point, -0.0 another one (a cache miss)
+    nan = np.array([np.nan, 1.0])
+    assert same_vector(nan, nan.copy())
+    assert not same_vector(np.array([0.0]), np.array([-0.0]))
+    # other arrays through numpy.array_equal
+    grid = np.arange(6.0).reshape(2, 3)
+    assert same_vector(grid, grid.copy()) and not same_vector(grid, grid + 1.0)
+    assert same_vector(a[::2], a[::2].copy())
+    assert not same_vector(a[::2], a[1::2])
+    assert same_vector(np.arange(4), np.arange(4.0))
 
 
 def test_bound_arrays_accepts_pairs_and_arrays():

@@ -8,9 +8,9 @@ from joblib import Parallel
 from sklearn.exceptions import ConvergenceWarning
 
 from skgpstruct import GPStructClassifier
+from skgpstruct._vectors import adam_ascent_step
 from skgpstruct.datasets import make_sequences
 from skgpstruct.inference.elbo import LocalGradient
-from skgpstruct.optim._adam import adam_ascent_step
 from skgpstruct.optim.saga import SparseGradient, maximize_saga
 
 

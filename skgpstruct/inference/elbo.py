@@ -398,7 +398,12 @@ class SparseELBO:
         params, theta = self.layout.unpack(vector)
         kernel = self.kernel_at(theta)
         unpacked = (params, kernel, self.inducing.prepare(kernel))
-        self._last_point = (np.array(vector, copy=True), unpacked)
+        if last is not None and last[0].shape == vector.shape:
+            kept = last[0]  # its buffer reused: no fresh pages at every point
+            kept[...] = vector
+        else:
+            kept = np.array(vector, dtype=np.float64, copy=True)
+        self._last_point = (kept, unpacked)
         return unpacked
 
     def __getstate__(self):

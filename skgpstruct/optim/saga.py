@@ -41,7 +41,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ._adam import adam_ascent_step
+from .._vectors import adam_ascent_step
 from .box import bound_arrays
 
 __all__ = ["SAGAResult", "SparseGradient", "maximize_saga"]

@@ -1,13 +1,22 @@
-"""Compiled Adam update of :func:`skgpstruct.optim.saga.maximize_saga`.
+"""Compiled loops over whole packed parameter vectors: the optimisers' Adam
+step, and the bitwise comparison of two points.
 
-One SAGA step moves every coordinate of the packed vector (the stored
-gradients' sum and the KL gradient are dense), so the update is a pass over
-five to seven vectors of the parameters' length. Written with NumPy it makes
-about a dozen passes, each with its own division or square root; here it is
-one loop without the GIL, the bias corrections applied as products, that the
-compiler vectorises. The NumPy formula is the reference in
-``tests/test_stochastic.py``.
+One SAGA step (:func:`skgpstruct.optim.saga.maximize_saga`) moves every
+coordinate of the packed vector (the stored gradients' sum and the KL
+gradient are dense), so Adam's update is a pass over five to seven vectors
+of the parameters' length. Written with NumPy it makes about a dozen passes,
+each with its own division or square root; here it is one loop without the
+GIL, the bias corrections applied as products, that the compiler vectorises.
+The NumPy formula is the reference in ``tests/test_stochastic.py``.
+
+The objective is then read several times at the same point (the item's
+gradient, a stored one, the KL terms), and recognises it by comparing the
+point with the last one: :func:`same_bits` is ``memcmp``, without the
+temporary array of ``numpy.array_equal``.
 """
+
+from libc.string cimport memcmp
+
 
 cdef extern from *:
     """
@@ -118,3 +127,28 @@ def adam_ascent_step(
         )
         if clip:
             clip_loop(n, &x[0], &low[0], &high[0])
+
+
+def same_bits(const double[::1] a, const double[::1] b):
+    """Whether two float64 vectors hold the same bits (``memcmp``).
+
+    Stricter than ``==`` on two counts, both harmless for a cache key:
+    ``0.0`` and ``-0.0`` differ, and a NaN equals the same NaN.
+
+    Parameters
+    ----------
+    a, b : ndarray of float64 of shape (n,), C-contiguous
+
+    Returns
+    -------
+    bool
+    """
+    cdef Py_ssize_t n = a.shape[0]
+    if b.shape[0] != n:
+        return False
+    if n == 0:
+        return True
+    cdef int differ
+    with nogil:
+        differ = memcmp(&a[0], &b[0], n * sizeof(double))
+    return differ == 0
