@@ -1,4 +1,5 @@
-"""Build the compiled kernels (chain, stacked potentials, whole vectors).
+"""Build the compiled modules (chain, stacked potentials, whole vectors, the
+block cache).
 
 The metadata is in pyproject.toml.
 """
@@ -12,10 +13,19 @@ extensions = [
         name,
         [name.replace(".", "/") + ".pyx"],
         include_dirs=[np.get_include()],
-        define_macros=[("NPY_NO_DEPRECATED_API", "NPY_1_7_API_VERSION")],
+        define_macros=[
+            ("NPY_NO_DEPRECATED_API", "NPY_1_7_API_VERSION"),
+            # the data memory handlers (NEP 49) of skgpstruct._block_cache
+            ("NPY_TARGET_VERSION", "NPY_1_22_API_VERSION"),
+        ],
         extra_compile_args=["-O3", "-fno-math-errno"],
     )
-    for name in ("skgpstruct._chain", "skgpstruct._stacked", "skgpstruct._vectors")
+    for name in (
+        "skgpstruct._chain",
+        "skgpstruct._stacked",
+        "skgpstruct._vectors",
+        "skgpstruct._block_cache",
+    )
 ]
 
 setup(

@@ -14,6 +14,7 @@ from sklearn.exceptions import ConvergenceWarning
 from sklearn.utils.validation import check_is_fitted
 
 from . import chain
+from ._block_cache import reuse_blocks
 from ._linalg import single_blas_thread
 from ._sequences import (
     check_sequence_features,
@@ -557,7 +558,10 @@ GroupedLinearKernel`: automatic relevance determination per group).
         if self.inference == "ess":
             if partial:
                 raise ValueError("partial_fit is not available with inference='ess'")
-            return self._fit_ess(X_all, offsets, classes, label_index, is_sparse, rng)
+            with reuse_blocks():
+                return self._fit_ess(
+                    X_all, offsets, classes, label_index, is_sparse, rng
+                )
 
         warm = (self.warm_start or partial) and hasattr(self, "q_mu_")
         if warm and (
@@ -660,8 +664,11 @@ GroupedLinearKernel`: automatic relevance determination per group).
         # joblib.parallel_config (loky, dask) takes precedence. BLAS runs on
         # one thread in this process and its worker threads during the fit,
         # as chunks do in worker processes (see _linalg.single_blas_thread):
-        # the fit is then the same whatever the backend.
+        # the fit is then the same whatever the backend. Large temporaries
+        # freed during the fit are kept for the next ones of the same size
+        # (see _block_cache: fresh memory costs page faults).
         with (
+            reuse_blocks(),
             single_blas_thread(),
             Parallel(n_jobs=self.n_jobs, prefer="threads") as parallel,
             _released(objective),

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 import numpy as np
 from joblib import delayed
 
+from .._block_cache import reuse_blocks
 from .._linalg import same_vector, single_blas_thread
 from ..optim.saga import SparseGradient
 from .posterior import (
@@ -91,7 +92,7 @@ def _cached_chunk_terms(token, index, chunk, shared):
             return None
         held = store[index]
     n_cached = len(held.noise_cache)
-    with single_blas_thread():
+    with single_blas_thread(), reuse_blocks():
         result = chunk_terms(held, shared)
     if chunk is not None or len(held.noise_cache) != n_cached:
         _allow_cached_memory(store)  # the cache grew

@@ -1,0 +1,156 @@
+"""The block cache: NumPy's data memory through kept blocks inside a fit."""
+
+import multiprocessing
+import threading
+
+import numpy as np
+import pytest
+from numpy._core.multiarray import get_handler_name
+
+from skgpstruct import GPStructClassifier
+from skgpstruct._block_cache import (
+    HANDLER_NAME,
+    MAX_CACHED_BYTES,
+    MIN_BLOCK_BYTES,
+    N_SLOTS,
+    cache_info,
+    reuse_blocks,
+)
+from skgpstruct.datasets import make_sequences
+
+LARGE = 4 * MIN_BLOCK_BYTES // 8  # float64 entries of a kept block
+
+
+def test_a_freed_block_serves_the_next_array_of_its_size():
+    with reuse_blocks():
+        a = np.full(LARGE, 7.0)
+        assert get_handler_name(a) == HANDLER_NAME
+        address = a.ctypes.data
+        del a
+        assert cache_info()["cached_bytes"] == LARGE * 8
+        hits = cache_info()["hits"]
+        b = np.empty(LARGE)
+        assert b.ctypes.data == address and cache_info()["hits"] == hits + 1
+        del b
+        # zeroed requests get a cleared block
+        c = np.zeros(LARGE)
+        assert c.ctypes.data == address
+        assert not np.any(c)
+        # another size is not served from it
+        d = np.empty(LARGE + 1)
+        assert d.ctypes.data != address
+    assert get_handler_name(np.empty(LARGE)) != HANDLER_NAME
+
+
+def test_small_blocks_are_not_kept():
+    with reuse_blocks():
+        a = np.ones(MIN_BLOCK_BYTES // 8 - 1)
+        del a
+        assert cache_info()["cached_bytes"] == 0
+
+
+def test_arrays_outlive_the_block_and_nothing_is_kept_after_it():
+    with reuse_blocks():
+        kept = [np.full(LARGE, float(i)) for i in range(5)]
+        for i in range(3):
+            temporary = np.arange(LARGE, dtype=np.float64) * i
+            del temporary
+        assert cache_info()["cached_bytes"] > 0
+    assert cache_info() | {"hits": 0} == {"cached_bytes": 0, "hits": 0, "open": 0}
+    for i, array in enumerate(kept):
+        assert np.all(array == i)
+    del kept  # freed straight to malloc's free now
+    assert cache_info()["cached_bytes"] == 0
+
+
+def test_nested_blocks_keep_the_cache_until_the_outer_one_closes():
+    with reuse_blocks():
+        with reuse_blocks():
+            assert cache_info()["open"] == 2
+            np.ones(LARGE).sum()  # a temporary, freed at once
+        assert cache_info()["open"] == 1
+        assert cache_info()["cached_bytes"] == LARGE * 8
+    assert cache_info()["cached_bytes"] == 0 and cache_info()["open"] == 0
+
+
+def test_the_cache_stays_within_its_bounds():
+    size = MIN_BLOCK_BYTES // 8
+    with reuse_blocks():
+        arrays = [np.empty(size + i) for i in range(N_SLOTS + 10)]
+        del arrays
+        info = cache_info()
+        assert 0 < info["cached_bytes"] <= MAX_CACHED_BYTES
+        assert info["cached_bytes"] <= N_SLOTS * (size + N_SLOTS + 10) * 8
+        big = np.empty(MAX_CACHED_BYTES // 8 + 1)  # larger than the cache
+        del big
+        assert cache_info()["cached_bytes"] <= MAX_CACHED_BYTES
+
+
+def test_resized_arrays_keep_their_values():
+    with reuse_blocks():
+        a = np.arange(LARGE, dtype=np.float64)
+        a.resize(2 * LARGE, refcheck=False)  # realloc
+        assert np.array_equal(a[:LARGE], np.arange(LARGE))
+        del a
+        b = np.ones(2 * LARGE)
+        assert np.all(b == 1.0)
+
+
+def test_threads_share_the_cache_without_mixing_their_arrays():
+    errors = []
+
+    def work(seed):
+        rng = np.random.default_rng(seed)
+        with reuse_blocks():
+            for _ in range(50):
+                n = LARGE + int(rng.integers(3))
+                value = float(rng.integers(1000))
+                a = np.full(n, value)
+                b = np.zeros(n)
+                b += a
+                if not (np.all(b == value) and np.all(a == value)):
+                    errors.append(seed)
+                del a, b
+
+    threads = [threading.Thread(target=work, args=(seed,)) for seed in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
+    assert cache_info()["open"] == 0 and cache_info()["cached_bytes"] == 0
+
+
+def _allocate_in_child(queue):
+    with reuse_blocks():
+        a = np.full(LARGE, 3.0)
+        del a
+        b = np.zeros(LARGE)
+        queue.put((float(b.sum()), cache_info()["open"]))
+
+
+def test_a_forked_child_starts_with_its_own_cache():
+    if "fork" not in multiprocessing.get_all_start_methods():
+        pytest.skip("no fork start method on this platform")
+    context = multiprocessing.get_context("fork")
+    queue = context.Queue()
+    with reuse_blocks():  # open in the parent while it forks
+        np.ones(LARGE).sum()  # a block kept in the parent
+        child = context.Process(target=_allocate_in_child, args=(queue,))
+        child.start()
+        result = queue.get(timeout=60)
+        child.join(timeout=60)
+    assert child.exitcode == 0
+    assert result == (0.0, 1)  # its own block only
+
+
+@pytest.mark.filterwarnings("ignore::sklearn.exceptions.ConvergenceWarning")
+def test_a_fit_leaves_the_handler_and_the_cache_as_it_found_them():
+    # 60 sequences of about 17 tokens: 8 samples of 3 labels per token take
+    # about 200 KB, a block the cache keeps
+    X, y = make_sequences(n_sequences=60, random_state=0)
+    hits = cache_info()["hits"]
+    GPStructClassifier(max_iter=5, random_state=0).fit(X, y)
+    assert cache_info()["hits"] > hits  # the fit reused blocks
+    assert cache_info()["open"] == 0 and cache_info()["cached_bytes"] == 0
+    assert get_handler_name(np.empty(LARGE)) == get_handler_name()
