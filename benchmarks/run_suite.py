@@ -13,7 +13,8 @@ is then built from those JSON files alone:
   calibration, fit time and GP / CRF time.
 - ``section2``: ``bench_section2.py``, BENCHMARK.md section 2.
 - ``scale``: ``bench_scale.py``; ``chain``: ``bench_chain.py``;
-  ``stacked``: ``bench_stacked.py``; ``dask``: ``bench_dask.py``.
+  ``stacked``: ``bench_stacked.py``; ``block-cache``:
+  ``bench_block_cache.py``; ``dask``: ``bench_dask.py``.
 
 Each step's command line is printed before it runs. A step that fails
 (non-zero exit status) is reported, the others still run, and the suite's
@@ -108,6 +109,8 @@ STEPS = (
     Step("chain", "bench_chain.py", (), "chain kernel throughput"),
     Step("stacked", "bench_stacked.py", (),
          "stacked potentials against sparse products", True),
+    Step("block-cache", "bench_block_cache.py", (),
+         "fits with the block cache against fits without it", True),
     Step("dask", "bench_dask.py", (), "dask beside loky"),
 )
 STEP_NAMES = tuple(s.name for s in STEPS)
@@ -485,6 +488,24 @@ def stacked_section(suite, results):
     ))
 
 
+def block_cache_section(suite, results):
+    title = "4c. The block cache (bench_block_cache.py)"
+    payload = results.get("block-cache")
+    if payload is None:
+        return _section(
+            title, _missing(STEPS[STEP_NAMES.index("block-cache")], suite)
+        )
+    import bench_block_cache
+
+    rows = [tuple(row.values()) for row in payload["rows"]]
+    return _section(title, bench_block_cache.markdown(rows) + "\n\n" + (
+        f"Batch fits of Table 1's fold 0, each in a fresh process, "
+        f"{payload['rounds']} alternating rounds: NumPy's large temporaries "
+        "through skgpstruct._block_cache, and with reuse_blocks replaced by a "
+        "no-op; both give the same model."
+    ))
+
+
 def dask_section(suite, results):
     title = "5. dask beside loky (bench_dask.py)"
     payload = results.get("dask")
@@ -497,7 +518,7 @@ def dask_section(suite, results):
 
 SECTIONS = (steps_section, table1_section, section2_section, scale_section,
             scale_points_section,
-            chain_section, stacked_section, dask_section)
+            chain_section, stacked_section, block_cache_section, dask_section)
 
 
 def build_report(out_dir):

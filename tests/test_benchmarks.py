@@ -7,8 +7,10 @@ values worked out by hand, the summary of folds, the CRF peer's selection
 over two c2 grids from one inner cross-validation, the dev splits' setting
 parser and their mean-potential marginals against enumeration, and the
 stacked-potentials benchmark on a synthetic chunk (its check of the
-compiled loops against the sparse products, and its paired timing), and
-profile_fit's sum of a function's cumulative time.
+compiled loops against the sparse products, and its paired timing),
+profile_fit's sum of a function's cumulative time, and bench_block_cache's
+pairing of fits with and without the cache (on a short fit of the shared
+data).
 """
 
 import importlib
@@ -291,3 +293,27 @@ def test_profile_fit_sums_a_function_s_cumulative_time(dev_splits):
     inner_seconds = profile_fit.cumulative_seconds(stats, "inner")
     assert 0.035 < inner_seconds <= profile_fit.cumulative_seconds(stats, "outer")
     assert profile_fit.cumulative_seconds(stats, "no_such_function") == 0
+
+
+@pytest.mark.shared_data
+def test_bench_block_cache_pairs_fits_with_and_without_the_cache(
+    dev_splits, shared_data_dir
+):
+    sys.path.insert(0, str(BENCHMARKS))
+    try:
+        bench_block_cache = importlib.import_module("bench_block_cache")
+    finally:
+        sys.path.remove(str(BENCHMARKS))
+    # Two short fits in fresh processes; measure() checks that both give the
+    # same model and that the one without the cache reused no block.
+    row = bench_block_cache.measure(
+        "chunking", shared_data_dir, ["--setting", "max_iter=2"], rounds=1
+    )
+    assert row[:3] == ("chunking", 1178, 2)
+    assert all(value > 0 for value in row[3:6] + row[7:8] + row[10:])
+    with_cache = bench_block_cache.run_child(
+        "chunking", shared_data_dir, ["--setting", "max_iter=2"], True
+    )
+    assert with_cache["reused_blocks"] > 0
+    table = bench_block_cache.markdown([row])
+    assert table.count("\n") == 2 and "| chunking | 1178 | 2 |" in table
