@@ -150,7 +150,7 @@ def main(argv=None):
     )
     parser.add_argument("--setting", default="", type=parse_setting,
                         help="estimator parameters, name=value ...")
-    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--quick", action="store_true", help="one round")
     parser.add_argument("--out", metavar="FILE", help="also write the rows as JSON")
     parser.add_argument("--child", choices=list(DATASETS), help=argparse.SUPPRESS)
