@@ -5,15 +5,18 @@ fits ``GPStructClassifier(random_state=0)`` (plus ``--setting`` parameters)
 in a fresh process, once as the library does (NumPy's large temporaries
 through ``skgpstruct._block_cache``) and once with ``reuse_blocks``
 replaced by a no-op (every temporary from ``malloc``, as without the
-cache), alternating, ``--rounds`` times each. Prints per data set the
-best fit time of each, the median of the rounds' time ratios, the minor
-page faults and system CPU seconds of a fit, and the process's peak
-resident memory; and checks that both fits give the same model (the
-cache changes where arrays live, not what they hold).
+cache), alternating, ``--rounds`` times each; with ``--fits N``, N fits
+in each process and the last one measured (a process that only fits GPs,
+as a grid search does). Prints per data set the best fit time of each,
+the median of the rounds' time ratios, the minor page faults and system
+CPU seconds of a fit, and the process's peak resident memory; and checks
+that both fits give the same model (the cache changes where arrays live,
+not what they hold).
 
 Run from the repository root::
 
-    OPENBLAS_NUM_THREADS=1 python benchmarks/bench_block_cache.py [--quick] [--out FILE]
+    OPENBLAS_NUM_THREADS=1 python benchmarks/bench_block_cache.py \
+        [--fits N] [--quick] [--out FILE]
 """
 
 import argparse
@@ -36,8 +39,9 @@ COLUMNS = ("data set", "training tokens", "iterations",
            "peak MB (cache)", "peak MB (no cache)")
 
 
-def child(dataset_name, data_dir, setting, use_cache):
-    """Fit once in this process; print the measurements as JSON."""
+def child(dataset_name, data_dir, setting, use_cache, n_fits=1):
+    """Fit ``n_fits`` times in this process; print the last fit's
+    measurements as JSON."""
     sys.path.insert(0, str(HERE))
     from _common import (
         DATASETS,
@@ -62,15 +66,16 @@ def child(dataset_name, data_dir, setting, use_cache):
     train_tokens = take(tokens, train)
     X, _, _, _ = template_features(template, train_tokens, train_tokens[:1])
     y = take(labels, train)
-    model = GPStructClassifier(**{"random_state": 0, **setting})
-    hits = cache_info()["hits"]
-    before = resource.getrusage(resource.RUSAGE_SELF)
-    start = time.perf_counter()
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        model.fit(X, y)
-    seconds = time.perf_counter() - start
-    after = resource.getrusage(resource.RUSAGE_SELF)
+    for _ in range(n_fits):
+        model = GPStructClassifier(**{"random_state": 0, **setting})
+        hits = cache_info()["hits"]
+        before = resource.getrusage(resource.RUSAGE_SELF)
+        start = time.perf_counter()
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            model.fit(X, y)
+        seconds = time.perf_counter() - start
+        after = resource.getrusage(resource.RUSAGE_SELF)
     print(json.dumps({
         "seconds": seconds,
         "faults": after.ru_minflt - before.ru_minflt,
@@ -84,23 +89,24 @@ def child(dataset_name, data_dir, setting, use_cache):
     }))
 
 
-def run_child(dataset_name, data_dir, setting_args, use_cache):
+def run_child(dataset_name, data_dir, setting_args, use_cache, n_fits=1):
     command = [sys.executable, __file__, "--child", dataset_name, "--data",
-               str(data_dir), *setting_args]
+               str(data_dir), "--fits", str(n_fits), *setting_args]
     if not use_cache:
         command.append("--no-cache")
     out = subprocess.run(command, capture_output=True, text=True, check=True)
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-def measure(dataset_name, data_dir, setting_args, rounds):
-    """One row: ``rounds`` alternating fits with and without the cache."""
+def measure(dataset_name, data_dir, setting_args, rounds, n_fits=1):
+    """One row: ``rounds`` alternating processes with and without the cache
+    (the last of their ``n_fits`` fits)."""
     runs = {True: [], False: []}
     for r in range(rounds):
         order = (True, False) if r % 2 == 0 else (False, True)
         for use_cache in order:
             runs[use_cache].append(
-                run_child(dataset_name, data_dir, setting_args, use_cache)
+                run_child(dataset_name, data_dir, setting_args, use_cache, n_fits)
             )
     models = {json.dumps(run["model"]) for both in runs.values() for run in both}
     if len(models) != 1:
@@ -151,13 +157,15 @@ def main(argv=None):
     parser.add_argument("--setting", default="", type=parse_setting,
                         help="estimator parameters, name=value ...")
     parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--fits", type=int, default=1,
+                        help="fits per process, the last one measured (default 1)")
     parser.add_argument("--quick", action="store_true", help="one round")
     parser.add_argument("--out", metavar="FILE", help="also write the rows as JSON")
     parser.add_argument("--child", choices=list(DATASETS), help=argparse.SUPPRESS)
     parser.add_argument("--no-cache", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.child:
-        child(args.child, args.data, args.setting, not args.no_cache)
+        child(args.child, args.data, args.setting, not args.no_cache, args.fits)
         return
     if not Path(args.data, "crfpp").is_dir():
         print(f"{args.data}/crfpp not found: nothing to measure")
@@ -167,11 +175,16 @@ def main(argv=None):
         setting_args = ["--setting",
                         " ".join(f"{k}={v}" for k, v in args.setting.items())]
     rounds = 1 if args.quick else args.rounds
-    rows = [measure(name, args.data, setting_args, rounds) for name in DATASETS]
+    if args.fits < 1:
+        parser.error(f"--fits must be at least 1, got {args.fits}")
+    rows = [measure(name, args.data, setting_args, rounds, args.fits)
+            for name in DATASETS]
     print(markdown(rows))
+    which = "a fresh process" if args.fits == 1 else (
+        f"the last of {args.fits} in a fresh process")
     print(
-        f"\nTable 1 fold 0 fits ({ {'random_state': 0, **args.setting} }), each in a "
-        f"fresh process, {rounds} alternating rounds: best fit seconds, median "
+        f"\nTable 1 fold 0 fits ({ {'random_state': 0, **args.setting} }), each "
+        f"{which}, {rounds} alternating rounds: best fit seconds, median "
         "ratio of the rounds' times, median page faults, system CPU seconds and "
         "peak resident memory of a fit's process; both fits give the same model."
     )
@@ -183,6 +196,7 @@ def main(argv=None):
             "environment": environment(),
             "quick": args.quick,
             "rounds": rounds,
+            "fits_per_process": args.fits,
             "setting": args.setting,
             "rows": [dict(zip(COLUMNS, r, strict=True)) for r in rows],
         })

@@ -6,20 +6,21 @@ megabytes each). glibc's ``malloc`` serves blocks of that size with
 ``mmap``, or from the top of its heap, which it gives back to the system
 as soon as enough is free there; either way every new temporary is fresh
 memory, and the kernel zeroes each of its pages at the first touch. On a
-JapaneseNE fit that is about 3,000 page faults per L-BFGS iteration and a
-sixth of the fit's time in the kernel.
+JapaneseNE fit that is about 2,500 page faults per L-BFGS iteration and a
+fifth of the fit's time in the kernel (``benchmarks/bench_block_cache.py``).
 
-Inside :func:`reuse_blocks`, arrays whose data block is at least
-:data:`MIN_BLOCK_BYTES` are allocated through this handler (NumPy's data
-memory policy, NEP 49, which NumPy keeps per context variable, so only
-the code run inside the block and in its context is affected). A block
-they free is kept, up to :data:`MAX_CACHED_BYTES` and :data:`N_SLOTS`
-blocks, and handed to the next request of exactly the same size (a zeroed
-request gets it cleared with ``memset``). Smaller blocks, and everything
-once no :func:`reuse_blocks` is open, go straight to ``malloc`` and
-``free``; the kept blocks are freed when the last open one closes. Every
-block is an ordinary ``malloc`` block, so ``realloc`` and a late ``free``
-(an array made inside and freed after) need no bookkeeping.
+Inside :func:`reuse_blocks`, NumPy allocates array data through this
+handler (NumPy's data memory policy, NEP 49, which NumPy keeps per context
+variable, so only the code run inside the block and in its context is
+affected). A freed block of at least :data:`MIN_BLOCK_BYTES` is kept, up
+to :data:`MAX_CACHED_BYTES` and :data:`N_SLOTS` blocks (the oldest evicted
+first), and handed to the next request of exactly the same size (a zeroed
+request gets it cleared with ``memset``). Everything else goes to NumPy's
+own default allocator (its cache of small blocks, its huge-page advice for
+large ones), as does everything once no :func:`reuse_blocks` is open; the
+kept blocks are given back to it when the last open one closes. Every
+block comes from the default allocator, so ``realloc`` and a late free (an
+array made inside and freed after) need no bookkeeping.
 
 The handler's state is guarded by a lock: threads may allocate and free
 concurrently.
@@ -82,10 +83,15 @@ cdef extern from *:
         return found;
     }
 
+    /* NumPy's default allocator: everything not served from, or kept in,
+       the cache goes through it (its cache of small blocks, its huge page
+       advice for large ones). */
+    static PyDataMemAllocator skg_default;
+
     static void *skg_malloc(void *ctx, size_t size)
     {
         void *p = skg_take(size);
-        return p != NULL ? p : malloc(size);
+        return p != NULL ? p : skg_default.malloc(skg_default.ctx, size);
     }
 
     static void *skg_calloc(void *ctx, size_t nelem, size_t elsize)
@@ -99,24 +105,25 @@ cdef extern from *:
             memset(p, 0, nelem * elsize);
             return p;
         }
-        return calloc(nelem, elsize);
+        return skg_default.calloc(skg_default.ctx, nelem, elsize);
     }
 
     static void *skg_realloc(void *ctx, void *ptr, size_t new_size)
     {
-        return realloc(ptr, new_size);
+        return skg_default.realloc(skg_default.ctx, ptr, new_size);
     }
 
     static void skg_free(void *ctx, void *ptr, size_t size)
     {
         void *evicted = NULL;
+        size_t evicted_size = 0;
         int slot = -1;
         if (ptr == NULL) {
             return;
         }
         if (size < SKG_MIN_BLOCK_BYTES || size > SKG_MAX_CACHED_BYTES
                 || skg_lock == NULL) {
-            free(ptr);
+            skg_default.free(skg_default.ctx, ptr, size);
             return;
         }
         PyThread_acquire_lock(skg_lock, WAIT_LOCK);
@@ -132,7 +139,8 @@ cdef extern from *:
                     }
                 }
                 evicted = skg_slots[oldest].ptr;
-                skg_cached_bytes -= skg_slots[oldest].size;
+                evicted_size = skg_slots[oldest].size;
+                skg_cached_bytes -= evicted_size;
                 skg_n_cached -= 1;
                 skg_slots[oldest].ptr = NULL;
             }
@@ -153,10 +161,10 @@ cdef extern from *:
         }
         PyThread_release_lock(skg_lock);
         if (evicted != NULL) {
-            free(evicted);
+            skg_default.free(skg_default.ctx, evicted, evicted_size);
         }
         if (slot < 0) {
-            free(ptr);
+            skg_default.free(skg_default.ctx, ptr, size);
         }
     }
 
@@ -166,26 +174,38 @@ cdef extern from *:
         {NULL, skg_malloc, skg_calloc, skg_realloc, skg_free},
     };
 
-    static int skg_init_lock(void)
+    /* The lock, and the default allocator to delegate to; 0 on failure
+       (a Python exception set). */
+    static int skg_init(void)
     {
+        PyDataMem_Handler *handler = (PyDataMem_Handler *)PyCapsule_GetPointer(
+            PyDataMem_DefaultHandler, "mem_handler");
+        if (handler == NULL) {
+            return 0;
+        }
+        skg_default = handler->allocator;
         if (skg_lock == NULL) {
             skg_lock = PyThread_allocate_lock();
         }
-        return skg_lock != NULL;
+        if (skg_lock == NULL) {
+            PyErr_NoMemory();
+            return 0;
+        }
+        return 1;
     }
 
     /* Open (+1) or close (-1) a reuse_blocks() block; the last close frees
        the kept blocks. */
     static void skg_open_close(int delta)
     {
-        void *release[SKG_N_SLOTS];
+        skg_block release[SKG_N_SLOTS];
         int n = 0;
         PyThread_acquire_lock(skg_lock, WAIT_LOCK);
         skg_open += delta;
         if (skg_open == 0) {
             for (int i = 0; i < SKG_N_SLOTS; i++) {
                 if (skg_slots[i].ptr != NULL) {
-                    release[n++] = skg_slots[i].ptr;
+                    release[n++] = skg_slots[i];
                     skg_slots[i].ptr = NULL;
                 }
             }
@@ -194,7 +214,7 @@ cdef extern from *:
         }
         PyThread_release_lock(skg_lock);
         for (int i = 0; i < n; i++) {
-            free(release[i]);
+            skg_default.free(skg_default.ctx, release[i].ptr, release[i].size);
         }
     }
 
@@ -220,7 +240,7 @@ cdef extern from *:
     size_t SKG_MAX_CACHED_BYTES
     int SKG_N_SLOTS
     cnp.PyDataMem_Handler skg_handler
-    int skg_init_lock()
+    int skg_init() except 0
     int skg_after_fork()
     void skg_open_close(int delta)
     size_t skg_get_cached_bytes()
@@ -238,8 +258,7 @@ N_SLOTS = SKG_N_SLOTS
 #: The handler's name, as ``numpy._core.multiarray.get_handler_name`` reports.
 HANDLER_NAME = "skgpstruct_block_cache"
 
-if not skg_init_lock():
-    raise MemoryError("could not allocate the block cache's lock")
+skg_init()
 _HANDLER = PyCapsule_New(<void*>&skg_handler, "mem_handler", NULL)
 
 

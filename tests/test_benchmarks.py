@@ -312,8 +312,8 @@ def test_bench_block_cache_pairs_fits_with_and_without_the_cache(
     assert row[:3] == ("chunking", 1178, 2)
     assert all(value > 0 for value in row[3:6] + row[7:8] + row[10:])
     with_cache = bench_block_cache.run_child(
-        "chunking", shared_data_dir, ["--setting", "max_iter=2"], True
+        "chunking", shared_data_dir, ["--setting", "max_iter=2"], True, n_fits=2
     )
-    assert with_cache["reused_blocks"] > 0
+    assert with_cache["reused_blocks"] > 0 and with_cache["n_iter"] == 2
     table = bench_block_cache.markdown([row])
     assert table.count("\n") == 2 and "| chunking | 1178 | 2 |" in table
