@@ -29,6 +29,8 @@ adding it into (or, backwards, collecting from) per-token arrays of
 ``K * V * S`` values that stay in cache: one pass over the noise, where
 sparse products with blocks of ``K * V * S`` columns (the reference in
 ``tests/_stacked_reference.py``) make several, with their temporaries.
+The per-entry indices (``inducing``, ``drawn``, ``row_token``) are 32-bit:
+there is one per feature entry of the chunk, the bulk of its memory.
 Every function trusts its caller for shapes, dtypes and index ranges
 (``skgpstruct.inference.terms`` builds the arrays) and runs without the GIL.
 """
@@ -36,14 +38,14 @@ Every function trusts its caller for shapes, dtypes and index ranges
 import numpy as np
 
 from libc.math cimport sqrt
-from libc.stdint cimport int64_t
+from libc.stdint cimport int32_t, int64_t
 
 
 def token_sd(
     const int64_t[::1] indptr,
-    const int64_t[::1] inducing,
+    const int32_t[::1] inducing,
     const double[::1] value,
-    const int64_t[::1] drawn,
+    const int32_t[::1] drawn,
     const double[::1] c,
     const double[:, ::1] sd,
     double floor,
@@ -76,10 +78,10 @@ def token_sd(
 
 def unary(
     const int64_t[::1] indptr,
-    const int64_t[::1] inducing,
+    const int32_t[::1] inducing,
     const double[::1] value,
     const int64_t[::1] row_indptr,
-    const int64_t[::1] row_token,
+    const int32_t[::1] row_token,
     const double[::1] row_value,
     const int64_t[::1] drawn_rows,
     const double[::1] c,
@@ -146,11 +148,11 @@ def unary(
 
 def backward(
     const int64_t[::1] indptr,
-    const int64_t[::1] inducing,
+    const int32_t[::1] inducing,
     const double[::1] value,
-    const int64_t[::1] drawn,
+    const int32_t[::1] drawn,
     const int64_t[::1] row_indptr,
-    const int64_t[::1] row_token,
+    const int32_t[::1] row_token,
     const double[::1] row_value,
     const int64_t[::1] drawn_rows,
     const double[::1] c,

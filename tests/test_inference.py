@@ -379,9 +379,24 @@ def test_row_split_refuses_inducing_variables_out_of_range():
     # so the split is where a wrong number must stop.
     U = sp.csr_matrix(np.array([[1.0, 0.0], [0.0, 2.0]]))
     RowSplit.of(U, np.array([0, 2]), 3)
-    for rows in (np.array([0, 3]), np.array([-1, 0])):
+    # 2**32 + 1 would read as 1 in 32 bits: refused before the narrowing
+    for rows in (np.array([0, 3]), np.array([-1, 0]), np.array([0, 2**32 + 1])):
         with pytest.raises(ValueError, match=r"rows must lie in \[0, 3\)"):
             RowSplit.of(U, rows, 3)
+    with pytest.raises(ValueError, match="must each fit 32-bit indices"):
+        RowSplit.of(U, np.array([0, 1]), 2**31)
+
+
+def test_row_split_keeps_its_per_entry_indices_in_32_bits():
+    rng = np.random.default_rng(5)
+    split, U, rows = _random_split(rng, 9, 6)
+    for name in ("inducing", "entry_drawn", "row_token"):
+        assert getattr(split, name).dtype == np.int32, name
+    # the same entries as the stacked matrix, token by token
+    token = np.repeat(np.arange(split.n_tokens), np.diff(split.indptr))
+    dense = np.zeros((split.n_tokens, 6))
+    np.add.at(dense, (token, split.inducing), split.value)
+    np.testing.assert_allclose(dense, U.T @ np.eye(6)[rows])
 
 
 def test_stacked_kernels_against_dense_products():

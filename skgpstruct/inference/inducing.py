@@ -176,7 +176,9 @@ class RowSplit:
     A row active at exactly one token is *lone*; the others (active at no
     token or at several) are *drawn*, each with its own noise. The nonzero
     entries of ``U`` are listed token by token (CSR style), which is how
-    the compiled kernels of ``skgpstruct._stacked`` read them.
+    the compiled kernels of ``skgpstruct._stacked`` read them. The arrays
+    with one index per entry are 32-bit: they are most of a chunk's
+    memory (on ``bench_scale.py``'s data, 100 active features per token).
 
     Attributes
     ----------
@@ -186,17 +188,17 @@ class RowSplit:
         Their inducing variables.
     indptr : ndarray of int64 of shape (n_tokens + 1,)
         Token ``t``'s entries are ``indptr[t]:indptr[t + 1]``.
-    inducing : ndarray of int64
+    inducing : ndarray of int32
         Every entry's inducing variable.
     value : ndarray of float64
         Every entry's value (the feature's value at that token).
-    entry_drawn : ndarray of int64
+    entry_drawn : ndarray of int32
         Every entry's position in ``drawn``, or -1 for a lone row.
     row_indptr : ndarray of int64 of shape (drawn.size + 1,)
         The drawn rows' entries again, row by row: drawn row ``i`` has
         ``row_indptr[i]:row_indptr[i + 1]`` of ``row_token`` and
         ``row_value``.
-    row_token : ndarray of int64
+    row_token : ndarray of int32
         The token of each of those entries.
     row_value : ndarray of float64
         Its value.
@@ -237,9 +239,14 @@ class RowSplit:
         U = sp.csr_matrix(U, copy=True)
         U.sum_duplicates()
         n_rows, n_tokens = U.shape
+        if max(n_rows, n_tokens, n_inducing) > np.iinfo(np.int32).max:
+            raise ValueError(
+                f"a chunk's rows ({n_rows}), tokens ({n_tokens}) and inducing "
+                f"variables ({n_inducing}) must each fit 32-bit indices"
+            )
         per_row = np.diff(U.indptr)
         drawn = np.flatnonzero(per_row != 1).astype(np.int64)
-        position = np.full(n_rows, -1, dtype=np.int64)
+        position = np.full(n_rows, -1, dtype=np.int32)
         position[drawn] = np.arange(drawn.size)
         entries = U.tocoo()
         by_token = np.argsort(entries.col, kind="stable")
@@ -247,9 +254,9 @@ class RowSplit:
         indptr = np.zeros(n_tokens + 1, dtype=np.int64)
         np.cumsum(np.bincount(entries.col, minlength=n_tokens), out=indptr[1:])
         rows = np.asarray(rows, dtype=np.int64)
-        inducing = rows[row_of]
-        if inducing.size and not 0 <= inducing.min() <= inducing.max() < n_inducing:
+        if rows.size and not 0 <= rows.min() <= rows.max() < n_inducing:
             raise ValueError(f"rows must lie in [0, {n_inducing})")
+        inducing = rows.astype(np.int32)[row_of]
         U_drawn = U[drawn]
         return cls(
             drawn,
@@ -259,7 +266,7 @@ class RowSplit:
             np.ascontiguousarray(entries.data[by_token], dtype=np.float64),
             position[row_of],
             U_drawn.indptr.astype(np.int64),
-            U_drawn.indices.astype(np.int64),
+            U_drawn.indices.astype(np.int32),
             U_drawn.data.astype(np.float64),
         )
 
