@@ -202,6 +202,10 @@ cdef extern from *:
         int n = 0;
         PyThread_acquire_lock(skg_lock, WAIT_LOCK);
         skg_open += delta;
+        if (skg_open < 0) {
+            /* a block opened before a fork, closed in the child */
+            skg_open = 0;
+        }
         if (skg_open == 0) {
             for (int i = 0; i < SKG_N_SLOTS; i++) {
                 if (skg_slots[i].ptr != NULL) {
@@ -278,13 +282,13 @@ def reuse_blocks():
     size; see the module docstring. Affects the current thread (and
     context) only; blocks may nest and run in several threads at once.
     """
-    skg_open_close(1)
     previous = cnp.PyDataMem_SetHandler(_HANDLER)
+    skg_open_close(1)
     try:
         yield
     finally:
-        cnp.PyDataMem_SetHandler(previous)
         skg_open_close(-1)
+        cnp.PyDataMem_SetHandler(previous)
 
 
 def cache_info():

@@ -1,6 +1,7 @@
 """The block cache: NumPy's data memory through kept blocks inside a fit."""
 
 import multiprocessing
+import os
 import threading
 
 import numpy as np
@@ -127,6 +128,7 @@ def _allocate_in_child(queue):
         del a
         b = np.zeros(LARGE)
         queue.put((float(b.sum()), cache_info()["open"]))
+    queue.put(cache_info()["open"])
 
 
 def test_a_forked_child_starts_with_its_own_cache():
@@ -139,9 +141,37 @@ def test_a_forked_child_starts_with_its_own_cache():
         child = context.Process(target=_allocate_in_child, args=(queue,))
         child.start()
         result = queue.get(timeout=60)
+        after = queue.get(timeout=60)
         child.join(timeout=60)
     assert child.exitcode == 0
     assert result == (0.0, 1)  # its own block only
+    assert after == 0
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="no os.fork on this platform")
+def test_a_block_opened_before_a_fork_closes_in_the_child():
+    # os.fork inside the block: the child leaves the block too, with a
+    # count that restarted at zero, and can open blocks afterwards.
+    read, write = os.pipe()
+    with reuse_blocks():
+        pid = os.fork()
+    if pid == 0:  # the child, out of the inherited block
+        status = 1
+        try:
+            closed = cache_info()["open"]
+            with reuse_blocks():
+                reopened = cache_info()["open"]
+            os.write(write, f"{closed} {reopened}".encode())
+            status = 0
+        finally:
+            os._exit(status)
+    os.close(write)
+    with os.fdopen(read) as pipe:
+        answer = pipe.read()
+    _, wait_status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(wait_status) == 0
+    assert answer == "0 1"
+    assert cache_info()["open"] == 0
 
 
 @pytest.mark.filterwarnings("ignore::sklearn.exceptions.ConvergenceWarning")
