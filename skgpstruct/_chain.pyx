@@ -74,15 +74,17 @@ cdef inline double _log_sum_exp(const double* x, Py_ssize_t n) noexcept nogil:
 cdef double _forward_scaled(
     const double* U, const double* E, double log_e_max, Py_ssize_t V,
     Py_ssize_t T, double* alpha, Py_ssize_t stride, double* s_buf,
+    double* ex,
 ) noexcept nogil:
     """Normalised forward messages; returns log Z of the sequence.
 
     ``U`` holds T rows of V unary potentials, ``E`` = exp(P - log_e_max).
     Row t of the messages is written at ``alpha + t * stride``; a stride of 0
-    keeps only the last row (log Z only).
+    keeps only the last row (log Z only). Unless ``ex`` is NULL, row t of
+    ``ex`` (T x V) receives exp(U[t] - max U[t]), for the backward pass.
     """
     cdef Py_ssize_t t, i, j
-    cdef double umax, c, inv, ai, log_z = 0.0
+    cdef double umax, c, inv, ai, e, log_z = 0.0
     cdef const double* u_row
     cdef const double* e_row
     cdef double* a
@@ -93,7 +95,10 @@ cdef double _forward_scaled(
         umax = _row_max(u_row, V)
         if t == 0:
             for j in range(V):
-                a[j] = _flushed_exp(u_row[j] - umax)
+                e = _flushed_exp(u_row[j] - umax)
+                if ex != NULL:
+                    ex[j] = e
+                a[j] = e
         else:
             prev = alpha + (t - 1) * stride
             for j in range(V):
@@ -105,7 +110,10 @@ cdef double _forward_scaled(
                     for j in range(V):
                         s_buf[j] += ai * e_row[j]
             for j in range(V):
-                a[j] = _flushed_exp(u_row[j] - umax) * s_buf[j]
+                e = _flushed_exp(u_row[j] - umax)
+                if ex != NULL:
+                    ex[t * V + j] = e
+                a[j] = e * s_buf[j]
             log_z += log_e_max
         c = 0.0
         for j in range(V):
@@ -118,29 +126,29 @@ cdef double _forward_scaled(
 
 
 cdef void _backward_scaled(
-    const double* U, const double* E, const double* ET, Py_ssize_t V,
+    const double* ex, const double* E, const double* ET, Py_ssize_t V,
     Py_ssize_t T, double* alpha, double* pair, double* b, double* w,
     double* r,
 ) noexcept nogil:
     """Turn stored forward messages into marginals; add pair marginals.
 
-    ``alpha`` (T rows) is overwritten with the token marginals; ``pair``
-    (V x V, zeroed by the caller) receives sum_t xi_t[i, j] / E[i, j], to be
+    ``ex`` holds the forward pass's exp(U[t] - max U[t]) (T x V). ``alpha``
+    (T rows) is overwritten with the token marginals; ``pair`` (V x V,
+    zeroed by the caller) receives sum_t xi_t[i, j] / E[i, j], to be
     multiplied by E once per sequence.
     """
     cdef Py_ssize_t t, i, j
-    cdef double umax, z, inv_z, wj, ai
-    cdef const double* u_row
+    cdef double z, inv_z, wj, ai
+    cdef const double* ex_row
     cdef const double* col
     cdef double* a
     cdef double* p_row
     for j in range(V):
         b[j] = 1.0
     for t in range(T - 2, -1, -1):
-        u_row = U + (t + 1) * V
-        umax = _row_max(u_row, V)
+        ex_row = ex + (t + 1) * V
         for j in range(V):
-            w[j] = _flushed_exp(u_row[j] - umax) * b[j]
+            w[j] = ex_row[j] * b[j]
         for i in range(V):
             r[i] = 0.0
         for j in range(V):
@@ -298,6 +306,13 @@ def forward_backward(
 
     # E, ET (or P^T) and e_buf: 3 V x V; then 6 vectors of length V
     cdef double[::1] work = np.empty(3 * V * V + 6 * V + 2 * V, dtype=np.float64)
+    # The forward pass's exponentials of the longest sequence, kept for the
+    # backward pass (computed once instead of twice).
+    cdef Py_ssize_t max_T = 0
+    for n in range(n_seq):
+        max_T = max(max_T, offsets[n + 1] - offsets[n])
+    cdef double[::1] ex_work = np.empty(max(max_T * V, 1) if with_marginals else 1)
+    cdef double* ex = &ex_work[0] if with_marginals else NULL
     cdef double* E = &work[0]
     cdef double* ET = E + V * V
     cdef double* e_buf = ET + V * V
@@ -338,14 +353,14 @@ def forward_backward(
                 alpha = &marginals[s, start, 0] if with_marginals else roll
                 if scaled:
                     log_z[s, n] = _forward_scaled(
-                        U, E, p_max, V, T, alpha, stride, v0)
+                        U, E, p_max, V, T, alpha, stride, v0, ex)
                 else:
                     log_z[s, n] = _forward_log(U, ET, V, T, alpha, stride, v0)
                 if not with_marginals:
                     continue
                 pair = &pair_marginals[s, n, 0, 0]
                 if scaled:
-                    _backward_scaled(U, E, ET, V, T, alpha, pair, v0, v1, v2)
+                    _backward_scaled(ex, E, ET, V, T, alpha, pair, v0, v1, v2)
                     for i in range(V * V):
                         pair[i] *= E[i]
                 else:
