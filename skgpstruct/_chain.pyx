@@ -7,8 +7,10 @@ shapes, dtypes, offsets and label ranges (they are checked once in
 
 Forward-backward picks one of two recursions per sample:
 
-* scaled probability space (no exp/log per V^2 cell) when the range of the
-  sample's pairwise potentials is at most ``MAX_SCALED_RANGE``;
+* scaled probability space (no exp/log per V^2 cell; the V exponentials
+  of a token, computed by the forward pass, are kept for the backward one)
+  when the range of the sample's pairwise potentials is at most
+  ``MAX_SCALED_RANGE``;
 * log space with max-shifting otherwise.
 
 Both keep the forward and backward messages normalised at every token, so
