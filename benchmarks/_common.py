@@ -494,6 +494,16 @@ def template_features(template, tokens_train, tokens_test):
     return X_train, X_test, vectorizer.get_feature_names_out(), sw.seconds
 
 
+def table1_training_set(data_dir, dataset, fold=0):
+    """``(X, y)`` of one Table 1 fold's training part: the CRF++ template
+    features fitted on it, and its labels."""
+    tokens, labels, template = load_pool(data_dir, dataset)
+    train, _ = fold_split(read_folds(data_dir, dataset), fold, dataset.n_train)
+    train_tokens = take(tokens, train)
+    X, _, _, _ = template_features(template, train_tokens, train_tokens[:1])
+    return X, take(labels, train)
+
+
 # ---------------------------------------------------------------------- #
 # reporting
 def mean_std(values):

@@ -43,14 +43,7 @@ def child(dataset_name, data_dir, setting, use_cache, n_fits=1):
     """Fit ``n_fits`` times in this process; print the last fit's
     measurements as JSON."""
     sys.path.insert(0, str(HERE))
-    from _common import (
-        DATASETS,
-        fold_split,
-        load_pool,
-        read_folds,
-        take,
-        template_features,
-    )
+    from _common import DATASETS, table1_training_set
 
     import skgpstruct._estimator
     import skgpstruct.inference.elbo
@@ -60,12 +53,7 @@ def child(dataset_name, data_dir, setting, use_cache, n_fits=1):
     if not use_cache:
         for module in (skgpstruct._estimator, skgpstruct.inference.elbo):
             module.reuse_blocks = contextlib.nullcontext
-    dataset = DATASETS[dataset_name]
-    tokens, labels, template = load_pool(data_dir, dataset)
-    train, _ = fold_split(read_folds(data_dir, dataset), 0, dataset.n_train)
-    train_tokens = take(tokens, train)
-    X, _, _, _ = template_features(template, train_tokens, train_tokens[:1])
-    y = take(labels, train)
+    X, y = table1_training_set(data_dir, DATASETS[dataset_name])
     for _ in range(n_fits):
         model = GPStructClassifier(**{"random_state": 0, **setting})
         hits = cache_info()["hits"]

@@ -46,22 +46,11 @@ def first_chunk(X, y):
 
 def table1_chunks(data_dir):
     """(name, X, offsets, n_labels) of fold 0's first chunk, per data set."""
-    from _common import (
-        DATASETS,
-        fold_split,
-        load_pool,
-        read_folds,
-        take,
-        template_features,
-    )
+    from _common import DATASETS, table1_training_set
 
     for dataset in DATASETS.values():
-        tokens, labels, template = load_pool(data_dir, dataset)
-        train, _ = fold_split(read_folds(data_dir, dataset), 0, dataset.n_train)
-        X_train, _, _, _ = template_features(
-            template, take(tokens, train), take(tokens, train[:1])
-        )
-        yield (dataset.name, *first_chunk(X_train, take(labels, train)))
+        X_train, y_train = table1_training_set(data_dir, dataset)
+        yield (dataset.name, *first_chunk(X_train, y_train))
 
 
 def synthetic_chunk(rng, n_tokens=CHUNK_TOKENS, n_features=20000, n_labels=17):

@@ -19,15 +19,7 @@ import cProfile
 import pstats
 import warnings
 
-from _common import (
-    DATASETS,
-    DEFAULT_DATA_DIR,
-    fold_split,
-    load_pool,
-    read_folds,
-    take,
-    template_features,
-)
+from _common import DATASETS, DEFAULT_DATA_DIR, table1_training_set
 from dev_splits import parse_setting
 
 from skgpstruct import GPStructClassifier
@@ -60,12 +52,7 @@ def main(argv=None):
     parser.add_argument("--data", default=str(DEFAULT_DATA_DIR), metavar="DIR")
     parser.add_argument("--top", type=int, default=15)
     args = parser.parse_args(argv)
-    dataset = DATASETS[args.dataset]
-    tokens, labels, template = load_pool(args.data, dataset)
-    train, _ = fold_split(read_folds(args.data, dataset), args.fold, dataset.n_train)
-    train_tokens = take(tokens, train)
-    X, _, _, _ = template_features(template, train_tokens, train_tokens[:1])
-    y = take(labels, train)
+    X, y = table1_training_set(args.data, DATASETS[args.dataset], args.fold)
     model = GPStructClassifier(**{"random_state": 0, **args.setting})
     profile = cProfile.Profile()
     with warnings.catch_warnings():

@@ -225,19 +225,20 @@ def _section(title, body):
     return f"## {title}\n\n{body.strip()}\n"
 
 
-def _missing(step, suite):
-    record = suite.get("steps", {}).get(step.name)
+def _missing(name, suite):
+    """Why the step ``name`` has no results: not run, failed, or unreadable."""
+    record = suite.get("steps", {}).get(name)
     if record is None:
-        return f"`{step.name}`: not run (no {step.name}.json in the folder)."
+        return f"`{name}`: not run (no {name}.json in the folder)."
     if record["returncode"] != 0:
-        text = (f"`{step.name}`: FAILED (exit status {record['returncode']}); "
+        text = (f"`{name}`: FAILED (exit status {record['returncode']}); "
                 f"see `{record['log']}`.")
         try:
             tail = (REPO / record["log"]).read_text(encoding="utf-8").splitlines()
         except OSError:
             return text
         return text + "\n\n```\n" + "\n".join(tail[-LOG_TAIL:]) + "\n```"
-    return f"`{step.name}`: ran, but its JSON is missing or unreadable."
+    return f"`{name}`: ran, but its JSON is missing or unreadable."
 
 
 # ---------------------------------------------------------------------- #
@@ -271,7 +272,7 @@ def steps_section(suite, results):
 
 def table1_section(suite, results):
     runs = [(s, results[s.name]) for s in TABLE1_STEPS if s.name in results]
-    notes = [_missing(s, suite) for s in TABLE1_STEPS if s.name not in results]
+    notes = [_missing(s.name, suite) for s in TABLE1_STEPS if s.name not in results]
     parts = []
     if notes:
         parts.append("\n".join(f"- {n}" for n in notes))
@@ -386,7 +387,7 @@ def section2_section(suite, results):
     title = "2. basenp at a larger scale (BENCHMARK.md section 2)"
     payload = results.get("section2")
     if payload is None:
-        return _section(title, _missing(STEPS[STEP_NAMES.index("section2")], suite))
+        return _section(title, _missing("section2", suite))
     import bench_section2
 
     reps = payload["results"]
@@ -426,7 +427,7 @@ def scale_section(suite, results, name="scale",
                   title="3. Scaling in training tokens and n_jobs (bench_scale.py)"):
     payload = results.get(name)
     if payload is None:
-        return _section(title, _missing(STEPS[STEP_NAMES.index(name)], suite))
+        return _section(title, _missing(name, suite))
     import bench_scale
 
     rows = [(m["config"], m["result"]) for m in payload["measurements"]]
@@ -457,7 +458,7 @@ def chain_section(suite, results):
     title = "4. Chain kernels against the NumPy reference (bench_chain.py)"
     payload = results.get("chain")
     if payload is None:
-        return _section(title, _missing(STEPS[STEP_NAMES.index("chain")], suite))
+        return _section(title, _missing("chain", suite))
     import bench_chain
 
     return _section(title, "\n\n".join([
@@ -476,7 +477,7 @@ def stacked_section(suite, results):
     title = "4b. Stacked potentials against sparse products (bench_stacked.py)"
     payload = results.get("stacked")
     if payload is None:
-        return _section(title, _missing(STEPS[STEP_NAMES.index("stacked")], suite))
+        return _section(title, _missing("stacked", suite))
     import bench_stacked
 
     rows = [tuple(row.values()) for row in payload["rows"]]
@@ -492,9 +493,7 @@ def block_cache_section(suite, results):
     title = "4c. The block cache (bench_block_cache.py)"
     payload = results.get("block-cache")
     if payload is None:
-        return _section(
-            title, _missing(STEPS[STEP_NAMES.index("block-cache")], suite)
-        )
+        return _section(title, _missing("block-cache", suite))
     import bench_block_cache
 
     rows = [tuple(row.values()) for row in payload["rows"]]
@@ -510,7 +509,7 @@ def dask_section(suite, results):
     title = "5. dask beside loky (bench_dask.py)"
     payload = results.get("dask")
     if payload is None:
-        return _section(title, _missing(STEPS[STEP_NAMES.index("dask")], suite))
+        return _section(title, _missing("dask", suite))
     import bench_dask
 
     return _section(title, bench_dask.report(payload))

@@ -93,7 +93,7 @@ def adam_ascent_step(
     low, high : ndarray of float64 of shape (n,) or None
         Bounds (both or neither).
     """
-    cdef Py_ssize_t n = x.shape[0], j
+    cdef Py_ssize_t n = x.shape[0]
     if not (m.shape[0] == v.shape[0] == direction.shape[0] == rate.shape[0] == n):
         raise ValueError("x, m, v, direction and rate must have the same length")
     if (low is None) != (high is None):
