@@ -27,6 +27,7 @@ from ._sequences import (
 from .inference.elbo import SparseELBO
 from .inference.ess import DEFAULT_MEMORY_LIMIT, sample_posterior
 from .inference.inducing import (
+    CollapsedFeatures,
     InducingFeatures,
     InducingPoints,
     Projection,
@@ -84,6 +85,11 @@ def _make_chunks(sequences, offsets, label_index, groups, seeds):
         ).astype(np.int64)
         chunks.append(Chunk(X_c, chunk_offsets, labels, chunk_seed))
     return chunks
+
+
+def _split_rows(X, offsets):
+    """The sequences of a stacked CSR design, as row slices."""
+    return [X[offsets[i] : offsets[i + 1]] for i in range(len(offsets) - 1)]
 
 
 def _sequence_fingerprint(X_n):
@@ -215,6 +221,20 @@ class GPStructClassifier(BaseEstimator):
         training tokens (k-means++ seeding in the kernel's feature space, or
         uniformly). ``"auto"`` is ``"features"`` for the linear kernel with
         diagonal covariances and ``"kmeans++"`` otherwise.
+    collapse_lone_features : bool, default=True
+        With inducing features and diagonal covariances: the features active
+        at a single training token (most of a CRF++ template's features)
+        enter the fit as one inducing variable per such token and label,
+        whose posterior is that of the sum of their weights, instead of one
+        per feature and label (:class:`~skgpstruct.inference.inducing.\
+CollapsedFeatures`). The posterior family is richer than the mean-field
+        one it replaces (the bound is at least as tight), and the fit has
+        about half the parameters on the CRF++ sets. After the fit every
+        feature has its marginal posterior, so ``q_mu_`` and ``q_sqrt_``
+        keep one entry per feature. Not applied by ``partial_fit``, nor by
+        stochastic fits with ``warm_start=True``: SAGA's state, which the
+        next call continues, is kept per feature. False keeps one variable
+        per feature and label.
     n_predict_samples : int, default=32
         Posterior samples averaged by :meth:`predict_marginals`.
     pairwise_uncertainty : bool, default=False
@@ -358,6 +378,7 @@ GroupedLinearKernel`: automatic relevance determination per group).
         learn_hyperparameters=True,
         pairwise_prior_variance=1.0,
         inducing="auto",
+        collapse_lone_features=True,
         n_predict_samples=32,
         pairwise_uncertainty=False,
         feature_groups="auto",
@@ -390,6 +411,7 @@ GroupedLinearKernel`: automatic relevance determination per group).
         self.learn_hyperparameters = learn_hyperparameters
         self.pairwise_prior_variance = pairwise_prior_variance
         self.inducing = inducing
+        self.collapse_lone_features = collapse_lone_features
         self.n_predict_samples = n_predict_samples
         self.pairwise_uncertainty = pairwise_uncertainty
         self.feature_groups = feature_groups
@@ -442,7 +464,7 @@ GroupedLinearKernel`: automatic relevance determination per group).
             )
         for name in (
             "learn_hyperparameters", "warm_start", "early_stopping",
-            "pairwise_uncertainty",
+            "pairwise_uncertainty", "collapse_lone_features",
         ):
             _check_flag(self, name)
         if not isinstance(self.verbose, numbers.Integral) or self.verbose < 0:
@@ -576,21 +598,35 @@ GroupedLinearKernel`: automatic relevance determination per group).
             )
         if warm:
             kernel, inducing = self.kernel_, self.inducing_
+        else:
+            kernel = self._initial_kernel(X_all, is_sparse)
+            inducing = self._make_inducing(X_all, kernel, rng)
+        # The fit's own inducing variables: the lone features collapsed, or
+        # the same as the model's.
+        fit_inducing = inducing
+        if self._collapses(inducing, optimizer, partial):
+            collapsed = CollapsedFeatures.of(X_all)
+            if collapsed is not None:
+                fit_inducing = collapsed
+                sequences = _split_rows(collapsed.transform(X_all), offsets)
+        if warm:
             params = VariationalParameters(
                 self.q_mu_, self.q_sqrt_, self.weights_,
                 self.pairwise_mean_, self.pairwise_std_,
             ).copy()
+            if fit_inducing is not inducing:
+                params.q_mu, params.q_sqrt = fit_inducing.collapse(
+                    params.q_mu, params.q_sqrt, kernel
+                )
         else:
-            kernel = self._initial_kernel(X_all, is_sparse)
-            inducing = self._make_inducing(X_all, kernel, rng)
             params = self._initial_parameters(
-                len(classes), inducing.n_inducing, rng
+                len(classes), fit_inducing.n_inducing, rng
             )
 
         n_classes = len(classes)
         n_theta = len(kernel.theta) if self.learn_hyperparameters else 0
         layout = ParameterLayout(
-            self.n_components, n_classes, inducing.n_inducing,
+            self.n_components, n_classes, fit_inducing.n_inducing,
             self.covariance == "full", n_theta,
             learn_pairwise_prior=bool(self.learn_hyperparameters),
         )
@@ -623,12 +659,12 @@ GroupedLinearKernel`: automatic relevance determination per group).
             chunk_seeds,
         )
         for chunk in chunks:
-            chunk.layout = inducing.chunk_layout(
+            chunk.layout = fit_inducing.chunk_layout(
                 chunk.X, chunk.offsets, compact=self.covariance == "diag"
             )
         chunks, validation_chunks = chunks[: len(groups)], chunks[len(groups) :]
         objective = SparseELBO(
-            chunks, inducing, kernel, likelihood, layout,
+            chunks, fit_inducing, kernel, likelihood, layout,
             n_samples=self.n_samples,
             estimator=self.gradient,
             pairwise_prior_variance=prior_variance,
@@ -725,6 +761,10 @@ GroupedLinearKernel`: automatic relevance determination per group).
         self.inducing_ = inducing
         self.inducing_points_ = getattr(inducing, "Z", None)
         self.kernel_ = objective.kernel_at(theta)
+        if fit_inducing is not inducing:  # every feature's marginal posterior
+            params.q_mu, params.q_sqrt = fit_inducing.expand(
+                params.q_mu, params.q_sqrt, self.kernel_
+            )
         self.q_mu_ = params.q_mu
         self.q_sqrt_ = params.q_sqrt
         self.weights_ = params.weights
@@ -811,6 +851,18 @@ GroupedLinearKernel`: automatic relevance determination per group).
         self.log_likelihood_history_ = list(self.ess_.log_likelihood_trace)
         self.n_iter_ = self.ess_n_iter
         return self
+
+    def _collapses(self, inducing, optimizer, partial):
+        """Whether the fit runs with the lone features collapsed."""
+        return (
+            self.collapse_lone_features
+            and type(inducing) is InducingFeatures
+            and self.covariance == "diag"
+            # SAGA's state, continued by the next partial_fit or warm
+            # stochastic fit, is kept per feature.
+            and not partial
+            and not (self.warm_start and optimizer == "stochastic")
+        )
 
     def _make_inducing(self, X_all, kernel, rng):
         method = self.inducing

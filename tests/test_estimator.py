@@ -155,6 +155,7 @@ def test_init_stores_parameters_unchanged():
         "ess_memory_limit": 10**6, "feature_groups": None, "batch_size": 4,
         "learning_rate": 0.3, "n_iter_no_change": 7, "early_stopping": True,
         "validation_fraction": 0.25, "pairwise_uncertainty": True,
+        "collapse_lone_features": False,
     }
     params = GPStructClassifier(**given).get_params(deep=False)
     assert params.keys() == given.keys()
@@ -703,6 +704,10 @@ BAD_PARAMS = [
     ({"learn_hyperparameters": "no"}, r"learn_hyperparameters"),
     ({"warm_start": "no"}, r"warm_start"),
     ({"pairwise_uncertainty": 1}, r"pairwise_uncertainty must be True or False"),
+    (
+        {"collapse_lone_features": "yes"},
+        r"collapse_lone_features must be True or False",
+    ),
 ]
 
 
@@ -836,3 +841,125 @@ def test_convergence_warning_when_max_iter_is_tiny(data):
     with pytest.warns(ConvergenceWarning, match="did not converge in 1 iter"):
         model = GPStructClassifier(**{**FAST, "max_iter": 1}).fit(X, y)
     assert model.n_iter_ == 1 and len(model.elbo_history_) == 1
+
+
+# --------------------------------------------------------------------------- #
+# lone features collapsed
+
+
+def with_lone_features(X_train, X_test):
+    """Sparse sequences with extra columns active at one token each: every
+    training token gets one of its own (value 1), every other one a second
+    (value 0.5); the test tokens get columns no training token has."""
+    n_train = sum(x.shape[0] for x in X_train)
+    n_test = sum(x.shape[0] for x in X_test)
+    n_extra = 2 * n_train + n_test
+
+    def extend(X, first_column, second):
+        out, t = [], 0
+        for x in X:
+            own = sp.lil_matrix((x.shape[0], n_extra))
+            for i in range(x.shape[0]):
+                own[i, first_column + t] = 1.0
+                if second and t % 2 == 0:
+                    own[i, n_train + t] = 0.5
+                t += 1
+            out.append(sp.hstack([sp.csr_matrix(x), own.tocsr()], format="csr"))
+        return out
+
+    return extend(X_train, 0, True), extend(X_test, 2 * n_train, False)
+
+
+@pytest.fixture(scope="module")
+def lone_data():
+    X, y, X_test, y_test = split(sparse=True)
+    X, X_test = with_lone_features(X, X_test)
+    return X, y, X_test, y_test
+
+
+def count_expansions(monkeypatch):
+    """Count the calls of CollapsedFeatures.expand (one per collapsed fit)."""
+    calls = []
+    original = estimator_module.CollapsedFeatures.expand
+
+    def expand(self, *args):
+        calls.append(self.n_inducing)
+        return original(self, *args)
+
+    monkeypatch.setattr(estimator_module.CollapsedFeatures, "expand", expand)
+    return calls
+
+
+def test_collapsed_fit_gives_every_feature_a_posterior(lone_data, monkeypatch):
+    X, y, X_test, y_test = lone_data
+    calls = count_expansions(monkeypatch)
+    n_features = X[0].shape[1]
+    n_train = sum(x.shape[0] for x in X)
+    n_shared = n_features - 2 * n_train - sum(x.shape[0] for x in X_test)
+    collapsed = GPStructClassifier(**FAST).fit(X, y)
+    # The shared columns, one variable per training token and the bias,
+    # instead of one per column.
+    assert calls == [n_shared + n_train + 1]
+    per_feature = GPStructClassifier(collapse_lone_features=False, **FAST).fit(X, y)
+    assert len(calls) == 1
+    for model in (collapsed, per_feature):
+        shape = (1, N_CLASSES, n_features + 1)
+        assert model.q_mu_.shape == model.q_sqrt_.shape == shape
+        assert_clearly_better_than_chance(y_test, model.predict(X_test))
+    # The test tokens' own columns, active at no training token: the prior.
+    unseen = slice(n_shared + 2 * n_train, n_features)
+    assert np.all(collapsed.q_mu_[..., unseen] == 0.0)
+    assert np.all(collapsed.q_sqrt_[..., unseen] == 1.0)
+    # The training tokens' own columns have left the prior mean.
+    assert np.any(collapsed.q_mu_[..., n_shared : n_shared + n_train] != 0.0)
+
+
+def test_no_collapse_without_lone_features(data, fitted, monkeypatch):
+    # Dense synthetic features are active everywhere: nothing to collapse,
+    # the same fit as with collapse_lone_features=False.
+    X, y, _, _ = data
+    calls = count_expansions(monkeypatch)
+    assert_same_fit(
+        fitted, GPStructClassifier(collapse_lone_features=False, **FAST).fit(X, y)
+    )
+    assert_same_fit(fitted, GPStructClassifier(**FAST).fit(X, y))
+    assert calls == []
+
+
+def test_stochastic_continuations_keep_one_variable_per_feature(
+    lone_data, monkeypatch
+):
+    X, y, _, _ = lone_data
+    calls = count_expansions(monkeypatch)
+    model = GPStructClassifier(optimizer="stochastic", batch_size=5, **FAST)
+    model.partial_fit(X, y, classes=np.arange(N_CLASSES))
+    model.partial_fit(X, y)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ConvergenceWarning)
+        model.set_params(warm_start=True, max_iter=2).fit(X, y)
+        assert calls == []
+        # A cold stochastic fit collapses.
+        GPStructClassifier(
+            optimizer="stochastic", batch_size=5, **{**FAST, "max_iter": 2}
+        ).fit(X, y)
+    assert len(calls) == 1
+
+
+def test_collapsed_warm_start_continues(lone_data):
+    X, y, _, _ = lone_data
+    model = GPStructClassifier(warm_start=True, **{**FAST, "max_iter": 5})
+    with pytest.warns(ConvergenceWarning):
+        model.fit(X, y)
+    first = list(model.elbo_history_)
+    model.set_params(max_iter=100).fit(X, y)
+    second = model.elbo_history_[len(first):]
+    assert len(second) == model.n_iter_ >= 1
+    assert second[0] >= first[-1] - 0.02 * abs(first[-1])
+    assert second[0] > first[0]
+
+
+def test_collapsed_fit_is_the_same_for_any_n_jobs(lone_data, monkeypatch):
+    X, y, _, _ = lone_data
+    monkeypatch.setattr(estimator_module, "CHUNK_TOKENS", 25)
+    serial = GPStructClassifier(n_jobs=1, **FAST).fit(X, y)
+    assert_same_fit(serial, GPStructClassifier(n_jobs=2, **FAST).fit(X, y))

@@ -26,6 +26,7 @@ from skgpstruct._linalg import cholesky_backward, jitter_cholesky
 from skgpstruct._sequences import chunk_slices, stack_sequences
 from skgpstruct.inference.elbo import SparseELBO
 from skgpstruct.inference.inducing import (
+    CollapsedFeatures,
     InducingFeatures,
     InducingPoints,
     RowSplit,
@@ -71,6 +72,8 @@ def _problem(
     ``features=True`` uses the weights of the linear kernel as inducing
     variables instead of inducing points; ``compact=True`` then lays the
     chunks out on their own features, as the estimator does.
+    ``features="collapsed"`` collapses the lone features
+    (:class:`CollapsedFeatures`, compact layout).
     """
     rng = np.random.default_rng(seed)
     lengths = [3, 1, 5, 2, 4, 3]
@@ -95,7 +98,13 @@ def _problem(
     y = [rng.integers(V, size=t) for t in lengths]
     Xs, offsets = stack_sequences(X)
     labels = np.concatenate(y).astype(np.int64)
-    if features:
+    if features == "collapsed":
+        inducing = CollapsedFeatures.of(Xs)
+        # Some token has two lone features or more: a sum is collapsed.
+        assert np.diff(inducing.token_values.indptr).max() >= 2
+        Xs = inducing.transform(Xs)
+        compact = True
+    elif features:
         inducing = InducingFeatures(Xs.shape[1])
     else:
         inducing = InducingPoints(Xs[distinct_rows(Xs)[:M]])
@@ -148,11 +157,14 @@ def _problem(
         ("grouped", 1, False, False),
         ("linear", 1, False, "compact"),
         ("grouped", 2, False, "compact"),
+        ("linear", 1, False, "collapsed"),
+        ("grouped", 2, False, "collapsed"),
     ],
 )
 def test_pathwise_gradient_matches_finite_differences(kernel_name, K, full, features):
     objective, layout, x0 = _problem(
-        kernel_name, K=K, full=full, features=bool(features),
+        kernel_name, K=K, full=full,
+        features="collapsed" if features == "collapsed" else bool(features),
         compact=features == "compact", n_features=40 if features else 12,
     )
     rng = np.random.default_rng(1)
@@ -1068,3 +1080,155 @@ def test_monte_carlo_ell_matches_enumeration():
                 variance += params.weights[k] ** 2 * values.var() / S
     # Both are Monte Carlo estimates with about the same variance.
     assert abs(ell - total) < 4 * np.sqrt(2 * variance)
+
+
+# ---------------------------------------------------------------------- #
+# lone features collapsed (CollapsedFeatures)
+def _lone_feature_case():
+    """9 tokens over 14 features and a grouped linear kernel: features 0-3
+    active at several tokens, 4-11 each at one token (three of them at token
+    0, two at token 4), 12 nowhere and 13 only as an explicitly stored zero."""
+    rng = np.random.default_rng(7)
+    dense = np.zeros((9, 14))
+    dense[:, 0] = 1.0
+    dense[[1, 3, 8], 1] = rng.normal(size=3)
+    dense[[0, 5], 2] = [0.5, -1.5]
+    dense[[2, 3, 7], 3] = 1.0
+    for j, t in zip(range(4, 12), [0, 0, 0, 2, 4, 4, 6, 8], strict=True):
+        dense[t, j] = rng.choice([-1.0, 1.0]) * rng.uniform(0.5, 2.0)
+    rows, cols = dense.nonzero()
+    X = sp.csr_matrix(
+        (np.append(dense[rows, cols], 0.0), (np.append(rows, 1), np.append(cols, 13))),
+        shape=dense.shape,
+    )
+    assert X.nnz == rows.size + 1  # the zero is stored
+    kernel = GroupedLinearKernel(
+        groups=np.arange(14) % 3, variance=[1.3, 0.4, 2.0], bias=0.7
+    )
+    return X, dense, kernel
+
+
+def _structured_posterior(dense, kernel, mu, sd):
+    """Mean and covariance of the original white weights (and bias) under
+    ``q(g) p(u | g)``, built here from the definition: every token's lone
+    weights given their sum ``g = sum_j x_j c_j u_j`` under the prior
+    N(0, I), with ``g / sigma ~ N(mu_p, sd_p^2)``; kept weights and bias
+    independent with their own mean and sd; the rest at the prior."""
+    n_tokens, n_features = dense.shape
+    c = kernel.feature_scales(n_features)
+    active = dense != 0
+    counts = active.sum(axis=0)
+    kept = np.flatnonzero(counts >= 2)
+    mean, cov = np.zeros(n_features + 1), np.eye(n_features + 1)
+    mean[kept], cov[kept, kept] = mu[: kept.size], sd[: kept.size] ** 2
+    mean[-1], cov[-1, -1] = mu[-1], sd[-1] ** 2
+    p = kept.size
+    for t in range(n_tokens):
+        lone = np.flatnonzero(active[t] & (counts == 1))
+        if lone.size == 0:
+            continue
+        b = dense[t, lone] * c[lone]
+        sigma = np.sqrt(b @ b)
+        a = b / sigma  # u_lone | g: mean a g / sigma, covariance I - a a^T
+        mean[lone] = a * mu[p]
+        cov[np.ix_(lone, lone)] = np.eye(lone.size) - np.outer(a, a) * (1 - sd[p] ** 2)
+        p += 1
+    assert p == mu.size - 1
+    return mean, cov
+
+
+def test_collapsed_features_sort_the_features_by_their_training_tokens():
+    X, _, _ = _lone_feature_case()
+    collapsed = CollapsedFeatures.of(X)
+    np.testing.assert_array_equal(collapsed.kept, [0, 1, 2, 3])
+    np.testing.assert_array_equal(collapsed.lone, np.arange(4, 12))
+    np.testing.assert_array_equal(collapsed.tokens, [0, 2, 4, 6, 8])
+    assert collapsed.n_inducing == 4 + 5 + 1
+    design = collapsed.transform(X).toarray()
+    np.testing.assert_array_equal(design[:, :4], X.toarray()[:, :4])
+    indicator = np.zeros((9, 5))
+    indicator[[0, 2, 4, 6, 8], np.arange(5)] = 1.0
+    np.testing.assert_array_equal(design[:, 4:], indicator)
+
+
+def test_collapsed_posterior_is_the_conditional_one_on_the_sums():
+    # The collapsed model's potentials and KL divergence are those of the
+    # posterior q(g) p(u | g) over the original weights, built explicitly;
+    # expand gives that posterior's marginals.
+    X, dense, kernel = _lone_feature_case()
+    collapsed = CollapsedFeatures.of(X)
+    rng = np.random.default_rng(0)
+    M = collapsed.n_inducing
+    mu, sd = rng.normal(size=M), rng.uniform(0.3, 1.5, size=M)
+    mean, cov = _structured_posterior(dense, kernel, mu, sd)
+
+    # Potentials of all 9 tokens: phi(x) = scales * [x, 1] in both spaces.
+    design = sp.hstack([collapsed.transform(X), np.ones((9, 1))]).toarray()
+    phi_collapsed = design * collapsed.prepare(kernel)
+    phi = np.hstack([dense, np.ones((9, 1))]) * kernel.feature_scales(14)
+    np.testing.assert_allclose(phi_collapsed @ mu, phi @ mean, atol=1e-12)
+    np.testing.assert_allclose(
+        phi_collapsed @ np.diag(sd**2) @ phi_collapsed.T, phi @ cov @ phi.T,
+        atol=1e-12,
+    )
+
+    # KL divergence from the prior (the features active nowhere add zero).
+    params = VariationalParameters(
+        mu[None, None], sd[None, None], np.ones(1), np.zeros((1, 1)), np.ones((1, 1))
+    )
+    kl, _ = kl_unary(params)
+    expected = _kl_gaussians(mean, cov, np.zeros(15), np.eye(15))
+    np.testing.assert_allclose(kl, expected, rtol=1e-12)
+
+    q_mu, q_sqrt = collapsed.expand(mu[None, None], sd[None, None], kernel)
+    np.testing.assert_allclose(q_mu[0, 0], mean, atol=1e-14)
+    np.testing.assert_allclose(q_sqrt[0, 0], np.sqrt(np.diag(cov)), atol=1e-14)
+    assert q_mu[0, 0, 12] == q_mu[0, 0, 13] == 0.0
+    assert q_sqrt[0, 0, 12] == q_sqrt[0, 0, 13] == 1.0
+
+
+def test_collapse_keeps_the_distribution_of_every_sum():
+    # From a diagonal posterior over the original weights, the collapsed
+    # variable of a token has the mean and variance of sum_j a_j u_j.
+    X, dense, kernel = _lone_feature_case()
+    collapsed = CollapsedFeatures.of(X)
+    rng = np.random.default_rng(1)
+    K, V = 2, 3
+    mu, sd = rng.normal(size=(K, V, 15)), rng.uniform(0.3, 1.5, size=(K, V, 15))
+    out_mu, out_sd = collapsed.collapse(mu, sd, kernel)
+    assert out_mu.shape == out_sd.shape == (K, V, collapsed.n_inducing)
+    np.testing.assert_array_equal(out_mu[..., :4], mu[..., :4])
+    np.testing.assert_array_equal(out_sd[..., -1], sd[..., -1])
+    c = kernel.feature_scales(14)
+    for p, t in enumerate(collapsed.tokens):
+        lone = np.flatnonzero((dense[t] != 0) & ((dense != 0).sum(axis=0) == 1))
+        b = dense[t, lone] * c[lone]
+        a = b / np.sqrt(b @ b)
+        np.testing.assert_allclose(out_mu[..., 4 + p], mu[..., lone] @ a, rtol=1e-12)
+        np.testing.assert_allclose(
+            out_sd[..., 4 + p] ** 2, sd[..., lone] ** 2 @ a**2, rtol=1e-12
+        )
+    # Means survive expand after collapse; a token with one lone feature
+    # (a = +-1) keeps its standard deviation too.
+    back_mu, back_sd = collapsed.expand(out_mu, out_sd, kernel)
+    again_mu, _ = collapsed.collapse(back_mu, back_sd, kernel)
+    np.testing.assert_allclose(again_mu, out_mu, atol=1e-12)
+    np.testing.assert_allclose(back_sd[..., 7], sd[..., 7], rtol=1e-12)
+
+
+def test_nothing_to_collapse():
+    # Every feature active at two tokens or more (dense, with a stored zero),
+    # or one lone feature per token and none inactive: no fewer variables.
+    everywhere = np.arange(1.0, 13.0).reshape(4, 3)
+    assert CollapsedFeatures.of(everywhere) is None
+    stored_zero = sp.csr_matrix(everywhere)
+    stored_zero.data[0] = 0.0
+    assert CollapsedFeatures.of(stored_zero) is None
+    one_each = np.hstack([np.ones((4, 1)), np.eye(4)])
+    assert CollapsedFeatures.of(one_each) is None
+    assert CollapsedFeatures.of(sp.csr_matrix(one_each)) is None
+    # A feature active nowhere is worth collapsing (it leaves the fit).
+    inactive = np.hstack([one_each, np.zeros((4, 1))])
+    collapsed = CollapsedFeatures.of(inactive)
+    assert collapsed.n_inducing == 1 + 4 + 1
+    assert CollapsedFeatures.of(sp.csr_matrix(inactive)).n_inducing == 6

@@ -17,6 +17,7 @@ __all__ = [
     "FeatureLayout",
     "InducingPoints",
     "InducingFeatures",
+    "CollapsedFeatures",
 ]
 
 
@@ -498,13 +499,16 @@ class InducingFeatures:
         """The feature scales of a compact layout's support."""
         return scales[support]
 
-    def prepare(self, kernel):
-        """Per-evaluation state: the feature scales of the kernel."""
+    def _check_kernel(self, kernel):
         if not self.supports(kernel):
             raise ValueError(
                 "inducing features need a kernel with an explicit feature map "
                 f"(the linear kernels), got {kernel!r}; use inducing points"
             )
+
+    def prepare(self, kernel):
+        """Per-evaluation state: the feature scales of the kernel."""
+        self._check_kernel(kernel)
         return kernel.feature_scales(self.n_features)
 
     def project(self, kernel, scales, X, offsets, layout=None):
@@ -537,3 +541,210 @@ class InducingFeatures:
     def finish_gradient(self, kernel, scales, d_scales):
         """Gradient in theta from the summed gradient w.r.t. the scales."""
         return kernel.feature_scales_vjp(d_scales)
+
+
+class CollapsedFeatures(InducingFeatures):
+    """Inducing features with each training token's lone features as one variable.
+
+    A *lone* feature is active at one training token only. With inducing
+    features (:class:`InducingFeatures`: white weights ``u_j`` and feature
+    scales ``c_j``), the lone features of a token ``t`` reach the potentials
+    through one sum per label, ``g = sum_j x_tj c_j u_j``, whose prior is
+    ``N(0, sigma_t^2)`` with ``sigma_t^2 = sum_j (x_tj c_j)^2``. The
+    variational posterior of those weights is taken as ``q(g) p(u | g)``:
+    the prior's conditional given the sum, with a Gaussian ``q`` on the white
+    variable ``g / sigma_t``. The expected log-likelihood depends on the
+    weights only through ``g``, and the KL divergence of ``q(u)`` from the
+    prior is that of ``q(g)`` from ``p(g)`` (chain rule of the KL), so the
+    token's lone features cost one inducing variable per label instead of
+    one per feature and label: a *collapsed* variable, whose feature scale
+    is ``sigma_t`` and whose feature value is 1 at ``t`` (0 elsewhere).
+
+    Every mean-field posterior of those weights gives ``g`` a Gaussian
+    distribution that this family can take, with a KL divergence no smaller
+    (the chain rule again), so the bound is at least as tight as the
+    mean-field one. Features active at no training token carry no parameter
+    (their posterior is the prior). The fit runs on :meth:`transform`'s
+    design; :meth:`expand` gives every original feature its marginal
+    posterior for prediction (under ``p(u | g)``, ``u_j`` has mean
+    ``a_j g / sigma_t`` and variance ``1 - a_j^2``, with
+    ``a_j = x_tj c_j / sigma_t``), and :meth:`collapse` the collapsed
+    posterior that keeps the marginal of every ``g`` (a warm start).
+
+    Diagonal covariances only. Build with :meth:`of`.
+
+    Parameters
+    ----------
+    n_original : int
+        Number of features of the original design.
+    kept : ndarray of int64
+        Original features active at two training tokens or more, in order:
+        the first inducing variables.
+    lone : ndarray of int64
+        Original features active at exactly one training token.
+    token_values : CSR matrix of shape (n_collapsed, lone.size)
+        Row ``p``: the lone features' values at the token of collapsed
+        variable ``p``, each feature in exactly one row.
+    tokens : ndarray of int64 of shape (n_collapsed,)
+        The training token (row of the stacked design) of each collapsed
+        variable, increasing.
+    """
+
+    def __init__(self, n_original, kept, lone, token_values, tokens):
+        super().__init__(kept.size + tokens.size)
+        self.n_original = n_original
+        self.kept, self.lone = kept, lone
+        self.token_values, self.tokens = token_values, tokens
+        self._squares = token_values.multiply(token_values).tocsr()
+        # The collapsed variable and the original feature of every lone entry.
+        self._entry_variable = np.repeat(
+            np.arange(tokens.size), np.diff(token_values.indptr)
+        )
+        self._entry_feature = lone[token_values.indices]
+
+    @classmethod
+    def of(cls, X):
+        """The collapsed features of a training design ``X`` (all tokens stacked).
+
+        Parameters
+        ----------
+        X : sparse matrix or ndarray of shape (n_tokens, n_features)
+            A stored zero is not an active feature.
+
+        Returns
+        -------
+        CollapsedFeatures or None
+            None when collapsing would not lower the number of inducing
+            variables: every feature is active at some token, and no token
+            has two lone features or more.
+        """
+        n_original = X.shape[1]
+        if sp.issparse(X):
+            X = sp.csr_matrix(X)
+            counts = np.bincount(X.indices[X.data != 0], minlength=n_original)
+        else:
+            counts = np.count_nonzero(X, axis=0)
+        kept = np.flatnonzero(counts >= 2)
+        lone = np.flatnonzero(counts == 1)
+        if kept.size + lone.size == n_original and lone.size == 0:
+            return None
+        values = sp.csr_matrix(X[:, lone], dtype=np.float64)
+        values.eliminate_zeros()
+        tokens = np.flatnonzero(np.diff(values.indptr))
+        if kept.size + tokens.size >= n_original:
+            return None
+        values = values[tokens]
+        values.sort_indices()
+        return cls(n_original, kept, lone, values, tokens)
+
+    @property
+    def n_collapsed(self):
+        """Number of collapsed variables (training tokens with lone features)."""
+        return self.tokens.size
+
+    def transform(self, X):
+        """The training design in the collapsed space, CSR (n_tokens, n_inducing - 1).
+
+        The kept features' columns, then one column per collapsed variable,
+        1 at its token. ``X`` must be the design :meth:`of` was built from.
+        """
+        n_tokens = X.shape[0]
+        indicator = sp.csr_matrix(
+            (np.ones(self.n_collapsed), (self.tokens, np.arange(self.n_collapsed))),
+            shape=(n_tokens, self.n_collapsed),
+        )
+        return sp.hstack(
+            [sp.csr_matrix(X[:, self.kept], dtype=np.float64), indicator],
+            format="csr",
+        )
+
+    def prepare(self, kernel):
+        """Feature scales in the collapsed space: the kept features', then
+        every collapsed variable's ``sigma_t``, then the bias's."""
+        self._check_kernel(kernel)
+        scales = kernel.feature_scales(self.n_original)
+        return np.concatenate([scales[self.kept], self._spread(scales), scales[-1:]])
+
+    def _spread(self, scales):
+        """``sigma_t`` of every collapsed variable, from the original scales."""
+        return np.sqrt(self._squares @ scales[self.lone] ** 2)
+
+    def finish_gradient(self, kernel, scales, d_scales):
+        """Gradient in theta from the gradient w.r.t. the collapsed scales."""
+        original = kernel.feature_scales(self.n_original)
+        n_kept, n_collapsed = self.kept.size, self.n_collapsed
+        d_original = np.zeros_like(original)
+        d_original[self.kept] = d_scales[:n_kept]
+        d_original[-1] = d_scales[-1]
+        # sigma_t = sqrt(sum_j x_tj^2 c_j^2), so
+        # d sigma_t / d c_j = x_tj^2 c_j / sigma_t
+        spread = scales[n_kept : n_kept + n_collapsed]
+        per_spread = d_scales[n_kept : n_kept + n_collapsed] / spread
+        d_original[self.lone] = (self._squares.T @ per_spread) * original[self.lone]
+        return kernel.feature_scales_vjp(d_original)
+
+    def _loadings(self, kernel):
+        """``a_j = x_tj c_j / sigma_t`` of every lone entry (entry order)."""
+        scales = kernel.feature_scales(self.n_original)
+        return (
+            self.token_values.data * scales[self._entry_feature]
+            / self._spread(scales)[self._entry_variable]
+        )
+
+    def expand(self, q_mu, q_sqrt, kernel):
+        """Every original feature's marginal posterior, ``(q_mu, q_sqrt)``.
+
+        Parameters
+        ----------
+        q_mu, q_sqrt : ndarray of shape (K, V, n_inducing)
+            The collapsed posterior (diagonal).
+        kernel : Kernel
+            The kernel the posterior was fitted with.
+
+        Returns
+        -------
+        q_mu, q_sqrt : ndarray of shape (K, V, n_original + 1)
+            Kept features and the bias copied, lone features from their
+            collapsed variable, features active at no training token at
+            the prior (mean 0, standard deviation 1).
+        """
+        K, V, _ = q_mu.shape
+        n_kept = self.kept.size
+        out_mu = np.zeros((K, V, self.n_original + 1))
+        out_sqrt = np.ones((K, V, self.n_original + 1))
+        for out, source in ((out_mu, q_mu), (out_sqrt, q_sqrt)):
+            out[..., self.kept] = source[..., :n_kept]
+            out[..., -1] = source[..., -1]
+        a = self._loadings(kernel)
+        variable = n_kept + self._entry_variable
+        out_mu[..., self._entry_feature] = a * q_mu[..., variable]
+        # 1 - a^2 (1 - s^2), with 1 - a^2 >= 0 kept so despite rounding
+        a_sq = a * a
+        out_sqrt[..., self._entry_feature] = np.sqrt(
+            np.maximum(1.0 - a_sq, 0.0) + a_sq * q_sqrt[..., variable] ** 2
+        )
+        return out_mu, out_sqrt
+
+    def collapse(self, q_mu, q_sqrt, kernel):
+        """The collapsed posterior with the same marginal of every ``g``.
+
+        ``q_mu``, ``q_sqrt`` (K, V, n_original + 1) are a diagonal posterior
+        over the original features; the collapsed variable of a token gets
+        mean ``sum_j a_j mu_j`` and variance ``sum_j a_j^2 s_j^2``.
+        """
+        K, V, _ = q_mu.shape
+        n_kept, n_collapsed = self.kept.size, self.n_collapsed
+        out_mu = np.empty((K, V, self.n_inducing))
+        out_sqrt = np.empty((K, V, self.n_inducing))
+        a = self._loadings(kernel)
+        entries = (self._entry_variable, self._entry_feature)
+        shape = (n_collapsed, self.n_original + 1)
+        # mean: sum_j a_j mu_j; variance: sum_j a_j^2 s_j^2
+        for out, source, power in ((out_mu, q_mu, 1), (out_sqrt, q_sqrt, 2)):
+            out[..., :n_kept] = source[..., self.kept]
+            out[..., -1] = source[..., -1]
+            loadings = sp.csr_matrix((a**power, entries), shape=shape)
+            flat = source.reshape(K * V, -1) ** power
+            out[..., n_kept:-1] = (loadings @ flat.T).T.reshape(K, V, n_collapsed)
+        out_sqrt[..., n_kept:-1] = np.sqrt(out_sqrt[..., n_kept:-1])
+        return out_mu, out_sqrt
