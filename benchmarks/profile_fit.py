@@ -7,7 +7,10 @@ functions with the most time of their own, then the milliseconds per
 iteration of the main parts of an iteration: the ELBO evaluations (and,
 inside them, the stacked potentials, forward-backward and the rest) and
 the L-BFGS direction and memory update. cProfile adds its own overhead to
-every Python call, so read the split, not the total.
+every Python call, so read the split, not the total. It also prints how
+many features are active at one training token only, and the number of
+inducing variables of the fit with them collapsed
+(``collapse_lone_features``).
 
 Run from the repository root::
 
@@ -19,10 +22,13 @@ import cProfile
 import pstats
 import warnings
 
+import numpy as np
 from _common import DATASETS, DEFAULT_DATA_DIR, table1_training_set
 from dev_splits import parse_setting
 
 from skgpstruct import GPStructClassifier
+from skgpstruct._sequences import stack_sequences
+from skgpstruct.inference.inducing import CollapsedFeatures
 
 #: (label, function name as cProfile reports it): cumulative time per iteration.
 PARTS = (
@@ -40,6 +46,21 @@ def cumulative_seconds(stats, name):
     return sum(
         entry[3] for (_, _, function), entry in stats.stats.items()
         if function == name
+    )
+
+
+def lone_feature_line(X):
+    """One line: the features, those active at one training token, and the
+    inducing variables before and after collapsing them."""
+    X_all, _ = stack_sequences(list(X))
+    n_features = X_all.shape[1]
+    n_lone = int(np.count_nonzero(np.diff(X_all.tocsc().indptr) == 1))
+    collapsed = CollapsedFeatures.of(X_all)
+    after = n_features + 1 if collapsed is None else collapsed.n_inducing
+    return (
+        f"{n_features} features, {n_lone} ({100 * n_lone / n_features:.0f} %) "
+        f"active at one training token; inducing variables {n_features + 1}, "
+        f"{after} with the lone features collapsed"
     )
 
 
@@ -63,6 +84,7 @@ def main(argv=None):
     n_iter = model.n_iter_
     print(f"{args.dataset} fold {args.fold}: {sum(map(len, y))} training tokens, "
           f"{n_iter} iterations, {stats.total_tt:.2f} s under cProfile")
+    print(lone_feature_line(X))
     print("milliseconds per iteration (cumulative, under cProfile):")
     for label, name in PARTS:
         print(f"  {label:24s} {1e3 * cumulative_seconds(stats, name) / n_iter:7.2f}")

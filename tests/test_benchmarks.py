@@ -19,6 +19,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import scipy.sparse as sp
 from sklearn.exceptions import ConvergenceWarning
 
 BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
@@ -293,6 +294,17 @@ def test_profile_fit_sums_a_function_s_cumulative_time(dev_splits):
     inner_seconds = profile_fit.cumulative_seconds(stats, "inner")
     assert 0.035 < inner_seconds <= profile_fit.cumulative_seconds(stats, "outer")
     assert profile_fit.cumulative_seconds(stats, "no_such_function") == 0
+    # Two sequences over 5 features: 0 everywhere, 1 and 2 at one token each
+    # (the same token), 3 at one token, 4 at none: 3 lone features on two
+    # tokens, so 1 + 2 + 1 inducing variables instead of 6.
+    X = [
+        sp.csr_matrix([[1.0, 1.0, 1.0, 0, 0], [1.0, 0, 0, 0, 0]]),
+        sp.csr_matrix([[1.0, 0, 0, 1.0, 0]]),
+    ]
+    assert profile_fit.lone_feature_line(X) == (
+        "5 features, 3 (60 %) active at one training token; inducing "
+        "variables 6, 4 with the lone features collapsed"
+    )
 
 
 @pytest.mark.shared_data
