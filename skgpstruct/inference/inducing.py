@@ -596,6 +596,7 @@ class CollapsedFeatures(InducingFeatures):
         self.kept, self.lone = kept, lone
         self.token_values, self.tokens = token_values, tokens
         self._squares = token_values.multiply(token_values).tocsr()
+        self._squares_t = self._squares.T.tocsr()  # for the theta gradient
         # The collapsed variable and the original feature of every lone entry.
         self._entry_variable = np.repeat(
             np.arange(tokens.size), np.diff(token_values.indptr)
@@ -680,7 +681,7 @@ class CollapsedFeatures(InducingFeatures):
         # d sigma_t / d c_j = x_tj^2 c_j / sigma_t
         spread = scales[n_kept : n_kept + n_collapsed]
         per_spread = d_scales[n_kept : n_kept + n_collapsed] / spread
-        d_original[self.lone] = (self._squares.T @ per_spread) * original[self.lone]
+        d_original[self.lone] = (self._squares_t @ per_spread) * original[self.lone]
         return kernel.feature_scales_vjp(d_original)
 
     def _loadings(self, kernel):
