@@ -963,3 +963,11 @@ def test_collapsed_fit_is_the_same_for_any_n_jobs(lone_data, monkeypatch):
     monkeypatch.setattr(estimator_module, "CHUNK_TOKENS", 25)
     serial = GPStructClassifier(n_jobs=1, **FAST).fit(X, y)
     assert_same_fit(serial, GPStructClassifier(n_jobs=2, **FAST).fit(X, y))
+
+
+def test_collapsed_fit_is_the_same_for_dense_and_sparse_input(lone_data):
+    X, y, _, _ = lone_data
+    dense = [x.toarray() for x in X]
+    assert_same_fit(
+        GPStructClassifier(**FAST).fit(X, y), GPStructClassifier(**FAST).fit(dense, y)
+    )
