@@ -317,7 +317,8 @@ GroupedLinearKernel`: automatic relevance determination per group).
     pairwise_prior_variance_ : float
         The (learned) prior variance of the pairwise potentials.
     elbo_history_ : list of float
-        ELBO after every iteration.
+        ELBO after every iteration (of the collapsed posterior when the lone
+        features were collapsed: a bound at least as tight).
     n_iter_ : int
     ess_ : ESSPosterior
         Only with ``inference="ess"``: the kept samples (the variational
