@@ -971,3 +971,24 @@ def test_collapsed_fit_is_the_same_for_dense_and_sparse_input(lone_data):
     assert_same_fit(
         GPStructClassifier(**FAST).fit(X, y), GPStructClassifier(**FAST).fit(dense, y)
     )
+
+
+def test_collapse_when_every_feature_is_lone(monkeypatch):
+    # No feature active at two tokens: the fit has the bias and one
+    # variable per token only, and still gives every feature a posterior.
+    calls = count_expansions(monkeypatch)
+    X = [
+        sp.csr_matrix(np.hstack([np.eye(5), 0.5 * np.eye(5), np.zeros((5, 10))])),
+        sp.csr_matrix(np.hstack([np.zeros((5, 10)), np.eye(5), -np.eye(5)])),
+    ]
+    y = [np.array([0, 1, 0, 1, 0]), np.array([1, 1, 0, 0, 1])]
+    model = GPStructClassifier(**FAST).fit(X, y)
+    assert calls == [10 + 1]
+    assert model.q_mu_.shape == (1, 2, 21)
+    assert np.all(np.isfinite(model.q_mu_)) and np.all(model.q_sqrt_ > 0)
+    # The features of one token share its variable: a token's two features
+    # get means in the ratio of their values (a_j = x_j c_j / sigma_t, one
+    # prior variance here).
+    np.testing.assert_allclose(
+        model.q_mu_[..., 5:10], 0.5 * model.q_mu_[..., 0:5], rtol=1e-12
+    )
