@@ -40,6 +40,8 @@ Two steps again, then the report from every JSON in the folder::
 
 import argparse
 import datetime
+import functools
+import importlib
 import os
 import shlex
 import subprocess
@@ -473,36 +475,37 @@ def chain_section(suite, results):
     ]))
 
 
-def stacked_section(suite, results):
-    title = "4b. Stacked potentials against sparse products (bench_stacked.py)"
-    payload = results.get("stacked")
+def _rows_section(suite, results, *, name, title, module, caption):
+    """A step whose JSON holds ``rows`` for its script's ``markdown``, then
+    ``caption(payload)``."""
+    payload = results.get(name)
     if payload is None:
-        return _section(title, _missing("stacked", suite))
-    import bench_stacked
-
+        return _section(title, _missing(name, suite))
+    markdown = importlib.import_module(module).markdown
     rows = [tuple(row.values()) for row in payload["rows"]]
-    return _section(title, bench_stacked.markdown(rows) + "\n\n" + (
-        "One evaluation's work on the unary potentials of a fit's first chunk "
-        "(8 samples): the compiled loops against scipy's sparse products "
-        "(tests/_stacked_reference.py), one thread; the ratio is the median of "
-        "11 alternating runs."
-    ))
+    return _section(title, markdown(rows) + "\n\n" + caption(payload))
 
 
-def block_cache_section(suite, results):
-    title = "4c. The block cache (bench_block_cache.py)"
-    payload = results.get("block-cache")
-    if payload is None:
-        return _section(title, _missing("block-cache", suite))
-    import bench_block_cache
-
-    rows = [tuple(row.values()) for row in payload["rows"]]
-    return _section(title, bench_block_cache.markdown(rows) + "\n\n" + (
+stacked_section = functools.partial(
+    _rows_section, name="stacked", module="bench_stacked",
+    title="4b. Stacked potentials against sparse products (bench_stacked.py)",
+    caption=lambda payload: (
+        "One evaluation's work on the unary potentials of a fit's first "
+        "chunk (8 samples): the compiled loops against scipy's sparse "
+        "products (tests/_stacked_reference.py), one thread; the ratio is "
+        "the median of 11 alternating runs."
+    ),
+)
+block_cache_section = functools.partial(
+    _rows_section, name="block-cache", module="bench_block_cache",
+    title="4c. The block cache (bench_block_cache.py)",
+    caption=lambda payload: (
         f"Batch fits of Table 1's fold 0, each in a fresh process, "
         f"{payload['rounds']} alternating rounds: NumPy's large temporaries "
-        "through skgpstruct._block_cache, and with reuse_blocks replaced by a "
-        "no-op; both give the same model."
-    ))
+        "through skgpstruct._block_cache, and with reuse_blocks replaced by "
+        "a no-op; both give the same model."
+    ),
+)
 
 
 def dask_section(suite, results):

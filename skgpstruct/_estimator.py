@@ -87,11 +87,6 @@ def _make_chunks(sequences, offsets, label_index, groups, seeds):
     return chunks
 
 
-def _split_rows(X, offsets):
-    """The sequences of a stacked CSR design, as row slices."""
-    return [X[offsets[i] : offsets[i + 1]] for i in range(len(offsets) - 1)]
-
-
 def _sequence_fingerprint(X_n):
     """A 64-bit integer determined by a sequence's feature values."""
     digest = hashlib.blake2b(digest_size=8)
@@ -609,7 +604,7 @@ GroupedLinearKernel`: automatic relevance determination per group).
             collapsed = CollapsedFeatures.of(X_all)
             if collapsed is not None:
                 fit_inducing = collapsed
-                sequences = _split_rows(collapsed.transform(X_all), offsets)
+                sequences = split_by_offsets(collapsed.transform(X_all), offsets)
         if warm:
             params = VariationalParameters(
                 self.q_mu_, self.q_sqrt_, self.weights_,

@@ -221,7 +221,8 @@ def split_by_offsets(array, offsets):
 
     Parameters
     ----------
-    array : ndarray of shape (n_tokens, ...)
+    array : ndarray of shape (n_tokens, ...) or CSR matrix
+        A CSR matrix gives CSR row slices (copies).
     offsets : ndarray of int of shape (n_sequences + 1,)
 
     Returns

@@ -10,6 +10,7 @@ estimator.
 
 import math
 
+import _chain_reference as chain_reference
 import numpy as np
 import pytest
 
@@ -415,11 +416,13 @@ def test_the_sampler_s_log_likelihood_checks_once_and_matches_the_chain():
     target = ess._ChainLogLikelihood(offsets, labels, 9, 3)
     states = [rng.normal(scale=s, size=9 * 3 + 9) for s in (1.0, 5.0, 30.0)]
     for state in states:
-        expected = chain.log_likelihood(
-            state[:27].reshape(1, 9, 3), state[27:].reshape(1, 3, 3),
-            offsets, labels,
-        ).sum()
-        assert target(state) == expected
+        unary, pairwise = state[:27].reshape(1, 9, 3), state[27:].reshape(1, 3, 3)
+        expected = chain.log_likelihood(unary, pairwise, offsets, labels).sum()
+        value = target(state)
+        assert value == expected
+        # and the independent NumPy recursion of the tests
+        reference = chain_reference.log_likelihood(unary, pairwise, offsets, labels)
+        np.testing.assert_allclose(value, reference.sum(), rtol=1e-10)
     assert target.checked
     bad = ess._ChainLogLikelihood(offsets, np.full(9, 3), 9, 3)
     with pytest.raises(ValueError, match="labels"):

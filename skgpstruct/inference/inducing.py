@@ -626,9 +626,9 @@ class CollapsedFeatures(InducingFeatures):
         else:
             counts = np.count_nonzero(X, axis=0)
         kept = np.flatnonzero(counts >= 2)
-        lone = np.flatnonzero(counts == 1)
-        if kept.size + lone.size == n_original and lone.size == 0:
+        if kept.size == n_original:  # every feature at two tokens or more
             return None
+        lone = np.flatnonzero(counts == 1)
         values = sp.csr_matrix(X[:, lone], dtype=np.float64)
         values.eliminate_zeros()
         tokens = np.flatnonzero(np.diff(values.indptr))
