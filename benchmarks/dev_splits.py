@@ -48,6 +48,17 @@ regularisation is what a rescaling would improve on::
 
     OPENBLAS_NUM_THREADS=1 python benchmarks/dev_splits.py --peers \
         --variance-scales 0.5 2 4 16
+
+``--ess-at-learned N`` also samples, for every fit, the exact posterior of
+the same GP by elliptical slice sampling (``inference="ess"``, ``N``
+iterations) at the kernel and pairwise prior variance the fit learned, and
+prints its error and, with ``--calibration``, the NLL and ECE of its
+marginals and of those at its mean potentials: whether what the
+variational posterior gets wrong is its own (mean field, fixed samples) or
+the model's::
+
+    OPENBLAS_NUM_THREADS=1 python benchmarks/dev_splits.py --calibration \
+        --ess-at-learned 10000
 """
 
 import argparse
@@ -219,6 +230,22 @@ def frozen_refit(model, scale, X, y):
     return refit.fit(X, y)
 
 
+def ess_at_learned(model, n_iter, X, y):
+    """The exact posterior of ``model``'s GP, sampled by ESS (``n_iter``
+    iterations, the exact chain likelihood) at the kernel and the pairwise
+    prior variance ``model`` learned; same ``random_state``."""
+    return GPStructClassifier(
+        inference="ess", likelihood="crf", ess_n_iter=n_iter,
+        kernel=copy.deepcopy(model.kernel_),
+        pairwise_prior_variance=model.pairwise_prior_variance_,
+        random_state=model.random_state,
+    ).fit(X, y)
+
+
+#: Key of the ESS figures of :func:`run`.
+ESS_KEY = "ESS at the learned hyperparameters"
+
+
 def peer_results(name, data_dir):
     """The Table 1 peers (:func:`_common.run_peers`: both CRFs when
     sklearn-crfsuite is installed, and the LR) on every split:
@@ -234,11 +261,13 @@ def peer_results(name, data_dir):
 
 
 def run(name, params, data_dir, transitions=False, with_calibration=False,
-        variance_scales=()):
+        variance_scales=(), ess_iterations=None):
     """Errors, fit times and iterations over the splits; with ``transitions``
     also the errors of the fitted and of no transitions (else empty), with
-    ``with_calibration`` the :func:`calibration_figures` of every split, and
-    with ``variance_scales`` the errors of every :func:`frozen_refit`."""
+    ``with_calibration`` the :func:`calibration_figures` of every split, with
+    ``variance_scales`` the errors of every :func:`frozen_refit`, and with
+    ``ess_iterations`` the error of every :func:`ess_at_learned` (and, with
+    ``with_calibration``, its calibration under :data:`ESS_KEY`)."""
     errors, times, iterations, calibrations = [], [], [], []
     variants = (
         {"decoded with fitted transitions": [], "decoded with unaries only": []}
@@ -246,6 +275,8 @@ def run(name, params, data_dir, transitions=False, with_calibration=False,
     )
     for scale in variance_scales:
         variants[f"refit, prior variances x {scale:g} frozen"] = []
+    if ess_iterations:
+        variants[f"{ESS_KEY}, {ess_iterations} iterations"] = []
     for X_train, y_train, X_test, y_test, _ in splits(name, data_dir):
         model = GPStructClassifier(**{"random_state": 0, **params})
         with warnings.catch_warnings():
@@ -271,11 +302,28 @@ def run(name, params, data_dir, transitions=False, with_calibration=False,
             variants[f"refit, prior variances x {scale:g} frozen"].append(
                 token_error(y_test, refit.predict(X_test))
             )
+        figures = (
+            {**calibration_figures(model, X_test, y_test),
+             **transition_spread(model, y_train)}
+            if with_calibration else {}
+        )
+        if ess_iterations:
+            sampled = ess_at_learned(model, ess_iterations, X_train, y_train)
+            variants[f"{ESS_KEY}, {ess_iterations} iterations"].append(
+                token_error(y_test, sampled.predict(X_test))
+            )
+            if with_calibration:
+                figures[ESS_KEY] = {
+                    "predict_marginals": calibration(
+                        y_test, sampled.predict_marginals(X_test), sampled.classes_
+                    ),
+                    "at the mean": calibration(
+                        y_test, mean_potential_marginals(sampled, X_test),
+                        sampled.classes_,
+                    ),
+                }
         if with_calibration:
-            calibrations.append({
-                **calibration_figures(model, X_test, y_test),
-                **transition_spread(model, y_train),
-            })
+            calibrations.append(figures)
     return errors, times, iterations, variants, calibrations
 
 
@@ -290,6 +338,12 @@ def calibration_line(calibrations):
         for key in ("predict_marginals", "with the transitions' spread",
                     "at the mean")
     ]
+    if all(ESS_KEY in c for c in calibrations):
+        parts += [
+            f"{ESS_KEY}, {key}: NLL {mean(lambda c, k=key: c[ESS_KEY][k]['nll']):.3f} "
+            f"ECE {mean(lambda c, k=key: c[ESS_KEY][k]['ece']):.4f}"
+            for key in ("predict_marginals", "at the mean")
+        ]
     return (
         f"marginals {'; '.join(parts)}; top-label confidence "
         f"{mean(lambda c: c['confidence']):.3f}, with the transitions' spread "
@@ -337,7 +391,17 @@ def main(argv=None):
         help="also refit every fit with its prior variances frozen at C times "
         "the learned ones (linear kernels)",
     )
+    parser.add_argument(
+        "--ess-at-learned", type=int, default=None, metavar="N",
+        help="also sample every fit's exact posterior by ESS, N iterations, at "
+        "the hyperparameters it learned (its error; with --calibration its "
+        "NLL and ECE)",
+    )
     args = parser.parse_args(argv)
+    if args.ess_at_learned is not None and args.ess_at_learned < 1:
+        parser.error(
+            f"--ess-at-learned must be a positive integer, got {args.ess_at_learned}"
+        )
     data_dir = check_data_dir(args.data)
     settings = args.setting or [{}]
     print(f"command: {command_line()}")
@@ -353,7 +417,7 @@ def main(argv=None):
         for params in settings:
             errors, times, iterations, variants, calibrations = run(
                 name, params, data_dir, args.transitions, args.calibration,
-                args.variance_scales,
+                args.variance_scales, args.ess_at_learned,
             )
             print(
                 f"{name:10s} {params or 'defaults'}: error {_errors(errors)}, fit "

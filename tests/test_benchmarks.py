@@ -183,15 +183,21 @@ def test_crfsuite_grids_share_the_inner_cv(common):
         assert out[name]["error"] == pytest.approx(error, abs=1e-12)
 
 
-def test_frozen_refit_rescales_the_learned_variances(dev_splits):
+def _short_fit(random_state):
+    """A 15-iteration fit on small synthetic data: X, y, the model and a copy
+    of the prior variances it learned."""
     from skgpstruct import GPStructClassifier
     from skgpstruct.datasets import make_sequences
 
     X, y = make_sequences(10, random_state=1, n_classes=2)
-    model = GPStructClassifier(max_iter=15, random_state=0)
+    model = GPStructClassifier(max_iter=15, random_state=random_state)
     with pytest.warns(ConvergenceWarning):
         model.fit(X, y)
-    learned = np.asarray(model.kernel_.variance).copy()
+    return X, y, model, np.asarray(model.kernel_.variance).copy()
+
+
+def test_frozen_refit_rescales_the_learned_variances(dev_splits):
+    X, y, model, learned = _short_fit(0)
     with pytest.warns(ConvergenceWarning):
         refit = dev_splits.frozen_refit(model, 4.0, X, y)
     # Frozen: the refit keeps 4 x the learned variance and the learned
@@ -201,6 +207,67 @@ def test_frozen_refit_rescales_the_learned_variances(dev_splits):
     assert refit.kernel_.bias == model.kernel_.bias
     assert refit.pairwise_prior_variance_ == model.pairwise_prior_variance_
     assert refit.get_params()["learn_hyperparameters"] is False
+
+
+def test_ess_at_learned_samples_at_the_learned_hyperparameters(dev_splits):
+    from skgpstruct import GPStructClassifier
+
+    X, y, model, learned = _short_fit(3)
+    sampled = dev_splits.ess_at_learned(model, 40, X, y)
+    assert sampled.get_params()["inference"] == "ess"
+    assert sampled.n_iter_ == 40
+    np.testing.assert_array_equal(sampled.kernel_.variance, learned)
+    assert sampled.kernel_.bias == model.kernel_.bias
+    assert sampled.kernel_ is not model.kernel_
+    assert sampled.pairwise_prior_variance_ == model.pairwise_prior_variance_
+    # The same chain as an ESS fit set up by hand with the model's seed.
+    by_hand = GPStructClassifier(
+        inference="ess", ess_n_iter=40, kernel=model.kernel_,
+        pairwise_prior_variance=model.pairwise_prior_variance_, random_state=3,
+    ).fit(X, y)
+    pairs = zip(
+        sampled.predict_marginals(X), by_hand.predict_marginals(X), strict=True
+    )
+    for a, b in pairs:
+        np.testing.assert_array_equal(a, b)
+    np.testing.assert_array_equal(model.kernel_.variance, learned)
+
+
+def test_calibration_line_adds_the_ess_figures_when_every_split_has_them(dev_splits):
+    def split(nll, ess=None):
+        figures = {
+            key: {"nll": nll, "ece": nll / 10}
+            for key in ("predict_marginals", "with the transitions' spread",
+                        "at the mean")
+        }
+        figures.update({
+            "confidence": 0.9, dev_splits.SPREAD_CONFIDENCE: 0.9, "accuracy": 0.9,
+            "transition sd, seen pairs": 1.0, "transition sd, unseen pairs": 2.0,
+        })
+        if ess is not None:
+            figures[dev_splits.ESS_KEY] = {
+                "predict_marginals": {"nll": ess, "ece": 0.01},
+                "at the mean": {"nll": ess + 0.1, "ece": 0.02},
+            }
+        return figures
+
+    line = dev_splits.calibration_line([split(0.2, 0.3), split(0.4, 0.5)])
+    assert "predict_marginals: NLL 0.300 ECE 0.0300" in line
+    assert (
+        f"{dev_splits.ESS_KEY}, predict_marginals: NLL 0.400 ECE 0.0100" in line
+    )
+    assert f"{dev_splits.ESS_KEY}, at the mean: NLL 0.500 ECE 0.0200" in line
+    # A split without them (the option off): no ESS figures at all.
+    assert dev_splits.ESS_KEY not in dev_splits.calibration_line(
+        [split(0.2, 0.3), split(0.4)]
+    )
+
+
+def test_dev_splits_refuses_a_chain_of_no_iterations(dev_splits, capsys):
+    with pytest.raises(SystemExit):
+        dev_splits.main(["--ess-at-learned", "0"])
+    err = capsys.readouterr().err
+    assert "--ess-at-learned must be a positive integer, got 0" in err
 
 
 def test_marginals_with_pairwise_spread(dev_splits):
