@@ -8,9 +8,10 @@ over two c2 grids from one inner cross-validation, the dev splits' setting
 parser and their mean-potential marginals against enumeration, and the
 stacked-potentials benchmark on a synthetic chunk (its check of the
 compiled loops against the sparse products, and its paired timing),
-profile_fit's sum of a function's cumulative time, and bench_block_cache's
+profile_fit's sum of a function's cumulative time, bench_block_cache's
 pairing of fits with and without the cache (on a short fit of the shared
-data).
+data), and the hyperparameters bench_ess samples at (fixed, or those a
+variational fit learns).
 """
 
 import importlib
@@ -41,6 +42,42 @@ def dev_splits(common):
         yield importlib.import_module("dev_splits")
     finally:
         sys.path.remove(str(BENCHMARKS))
+
+
+@pytest.fixture(scope="module")
+def bench_ess(common):
+    sys.path.insert(0, str(BENCHMARKS))
+    try:
+        yield importlib.import_module("bench_ess")
+    finally:
+        sys.path.remove(str(BENCHMARKS))
+
+
+def test_bench_ess_hyperparameters_fixed_or_learned(bench_ess):
+    from skgpstruct import GPStructClassifier
+    from skgpstruct.datasets import make_sequences
+    from skgpstruct.kernels import LinearKernel
+
+    X, y = make_sequences(10, random_state=1, n_classes=2)
+    fixed = bench_ess.build_parser().parse_args(
+        ["--kernel-variance", "2.5", "--pairwise-prior-variance", "0.3"]
+    )
+    kernel, pairwise, learned = bench_ess.hyperparameters(X, y, fixed)
+    assert isinstance(kernel, LinearKernel) and learned is None
+    assert kernel.variance == 2.5 and kernel.bias == 0.0 and pairwise == 0.3
+    assert len(kernel.theta) == 0  # nothing left for anyone to learn
+
+    args = bench_ess.build_parser().parse_args(
+        ["--learned-hyperparameters", "--random-state", "4"]
+    )
+    kernel, pairwise, learned = bench_ess.hyperparameters(X, y, args)
+    # The batch fit of the Table 1 column, with the run's seed.
+    model = GPStructClassifier(random_state=4).fit(X, y)
+    np.testing.assert_array_equal(kernel.theta, model.kernel_.theta)
+    assert pairwise == model.pairwise_prior_variance_
+    assert learned["n_iter"] == model.n_iter_
+    assert learned["pairwise_prior_variance"] == model.pairwise_prior_variance_
+    assert learned["kernel"] == repr(model.kernel_) and learned["fit_time"] > 0
 
 
 def test_calibration_by_hand(common):
