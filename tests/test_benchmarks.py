@@ -26,31 +26,32 @@ from sklearn.exceptions import ConvergenceWarning
 BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
 
 
-@pytest.fixture(scope="module")
-def common():
+def _benchmark_module(name):
+    """Import ``benchmarks/<name>.py`` with the folder on the path while the
+    fixture lives (the scripts import ``_common`` as a top-level module)."""
     sys.path.insert(0, str(BENCHMARKS))
     try:
-        yield importlib.import_module("_common")
+        yield importlib.import_module(name)
     finally:
         sys.path.remove(str(BENCHMARKS))
 
 
-@pytest.fixture(scope="module")
-def dev_splits(common):
-    sys.path.insert(0, str(BENCHMARKS))
-    try:
-        yield importlib.import_module("dev_splits")
-    finally:
-        sys.path.remove(str(BENCHMARKS))
+def _module_fixture(name):
+    """A module-scoped fixture giving ``benchmarks/<name>.py``."""
+
+    @pytest.fixture(scope="module")
+    def module():
+        yield from _benchmark_module(name)
+
+    return module
 
 
-@pytest.fixture(scope="module")
-def bench_ess(common):
-    sys.path.insert(0, str(BENCHMARKS))
-    try:
-        yield importlib.import_module("bench_ess")
-    finally:
-        sys.path.remove(str(BENCHMARKS))
+common = _module_fixture("_common")
+dev_splits = _module_fixture("dev_splits")
+bench_ess = _module_fixture("bench_ess")
+bench_stacked = _module_fixture("bench_stacked")
+profile_fit = _module_fixture("profile_fit")
+bench_block_cache = _module_fixture("bench_block_cache")
 
 
 def test_bench_ess_hyperparameters_fixed_or_learned(bench_ess):
@@ -347,12 +348,7 @@ def test_transition_spread_splits_seen_and_unseen_pairs(dev_splits):
     assert spread["transition sd, unseen pairs"] == pytest.approx(unseen)
 
 
-def test_bench_stacked_on_a_synthetic_chunk(common, capsys):
-    sys.path.insert(0, str(BENCHMARKS))
-    try:
-        bench_stacked = importlib.import_module("bench_stacked")
-    finally:
-        sys.path.remove(str(BENCHMARKS))
+def test_bench_stacked_on_a_synthetic_chunk(bench_stacked, capsys):
     rng = np.random.default_rng(0)
     name, X, offsets, n_labels = bench_stacked.synthetic_chunk(
         rng, n_tokens=300, n_features=500, n_labels=4
@@ -374,16 +370,11 @@ def test_bench_stacked_on_a_synthetic_chunk(common, capsys):
     assert calls == ["a", "b"] * 4
 
 
-def test_profile_fit_sums_a_function_s_cumulative_time(dev_splits):
+def test_profile_fit_sums_a_function_s_cumulative_time(profile_fit):
     import cProfile
     import pstats
     import time
 
-    sys.path.insert(0, str(BENCHMARKS))
-    try:
-        profile_fit = importlib.import_module("profile_fit")
-    finally:
-        sys.path.remove(str(BENCHMARKS))
 
     def inner():
         time.sleep(0.02)
@@ -413,13 +404,8 @@ def test_profile_fit_sums_a_function_s_cumulative_time(dev_splits):
 
 @pytest.mark.shared_data
 def test_bench_block_cache_pairs_fits_with_and_without_the_cache(
-    dev_splits, shared_data_dir
+    bench_block_cache, shared_data_dir
 ):
-    sys.path.insert(0, str(BENCHMARKS))
-    try:
-        bench_block_cache = importlib.import_module("bench_block_cache")
-    finally:
-        sys.path.remove(str(BENCHMARKS))
     # Two short fits in fresh processes; measure() checks that both give the
     # same model and that the one without the cache reused no block.
     row = bench_block_cache.measure(
