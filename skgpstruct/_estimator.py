@@ -262,8 +262,11 @@ GroupedLinearKernel`: automatic relevance determination per group).
         ``"variational"``: the sparse variational method above. ``"ess"``:
         the original GPstruct sampler, elliptical slice sampling of the unary
         values of all training tokens and the pairwise potentials under the
-        full GP prior (kernel hyperparameters fixed at their initial values;
-        O(N^2) memory, refused beyond ``ess_memory_limit``).
+        full GP prior (kernel hyperparameters fixed at their initial values:
+        pass ``kernel=vi.kernel_`` and ``pairwise_prior_variance=
+        vi.pairwise_prior_variance_`` of a variational fit ``vi`` to sample
+        at the hyperparameters it learned; O(N^2) memory, refused beyond
+        ``ess_memory_limit``).
     ess_n_iter : int, default=10000
         ESS iterations (``inference="ess"``).
     ess_burn_in : int or None, default=None
