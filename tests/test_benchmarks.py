@@ -10,8 +10,8 @@ stacked-potentials benchmark on a synthetic chunk (its check of the
 compiled loops against the sparse products, and its paired timing),
 profile_fit's sum of a function's cumulative time, bench_block_cache's
 pairing of fits with and without the cache (on a short fit of the shared
-data), and the hyperparameters bench_ess samples at (fixed, or those a
-variational fit learns).
+data), the hyperparameters bench_ess samples at (fixed, or those a
+variational fit learns), and run_suite's Table 1 rows for both ESS steps.
 """
 
 import importlib
@@ -52,6 +52,7 @@ bench_ess = _module_fixture("bench_ess")
 bench_stacked = _module_fixture("bench_stacked")
 profile_fit = _module_fixture("profile_fit")
 bench_block_cache = _module_fixture("bench_block_cache")
+run_suite = _module_fixture("run_suite")
 
 
 def test_bench_ess_hyperparameters_fixed_or_learned(bench_ess):
@@ -79,6 +80,29 @@ def test_bench_ess_hyperparameters_fixed_or_learned(bench_ess):
     assert learned["n_iter"] == model.n_iter_
     assert learned["pairwise_prior_variance"] == model.pairwise_prior_variance_
     assert learned["kernel"] == repr(model.kernel_) and learned["fit_time"] > 0
+
+
+def test_run_suite_reports_both_ess_steps_against_the_paper_s_gp_ess(run_suite):
+    def payload(errors):
+        folds = [
+            {"fold": k, "error": e, "fit_time": 1.0,
+             "calibration": {"nll": 0.3, "ece": 0.02}}
+            for k, e in enumerate(errors)
+        ]
+        return {"results": {"seg": folds}, "options": {"n_iter": 100}}
+
+    steps = {s.name: s for s in run_suite.TABLE1_STEPS}
+    assert {"ess", "ess-learned"} <= set(steps)
+    results = {"ess": payload([10.0, 12.0]), "ess-learned": payload([9.0, 11.0])}
+    report = run_suite.table1_section({"steps": {}}, results)
+    rows = [line for line in report.splitlines() if line.startswith("| seg |")]
+    error_rows = [r for r in rows if "GP-ESS" in r]
+    assert len(error_rows) == 2
+    assert steps["ess"].title in error_rows[0] and "11.00 (1.41)" in error_rows[0]
+    assert steps["ess-learned"].title in error_rows[1]
+    assert "10.00 (1.41)" in error_rows[1]
+    # The variational steps that did not run are named as not run.
+    assert "`table1-batch`: not run" in report
 
 
 def test_calibration_by_hand(common):
