@@ -236,7 +236,7 @@ def ess_at_learned(model, n_iter, X, y):
     prior variance ``model`` learned; same ``random_state``."""
     return GPStructClassifier(
         inference="ess", likelihood="crf", ess_n_iter=n_iter,
-        kernel=copy.deepcopy(model.kernel_),
+        learn_hyperparameters=False, kernel=copy.deepcopy(model.kernel_),
         pairwise_prior_variance=model.pairwise_prior_variance_,
         random_state=model.random_state,
     ).fit(X, y)

@@ -9,7 +9,7 @@ import warnings
 import numpy as np
 import scipy.sparse as sp
 from joblib import Parallel
-from sklearn.base import BaseEstimator
+from sklearn.base import BaseEstimator, clone
 from sklearn.exceptions import ConvergenceWarning
 from sklearn.utils.validation import check_is_fitted
 
@@ -25,7 +25,7 @@ from ._sequences import (
     stack_sequences,
 )
 from .inference.elbo import SparseELBO
-from .inference.ess import DEFAULT_MEMORY_LIMIT, sample_posterior
+from .inference.ess import DEFAULT_MEMORY_LIMIT, check_chain_size, sample_posterior
 from .inference.inducing import (
     CollapsedFeatures,
     InducingFeatures,
@@ -201,7 +201,9 @@ class GPStructClassifier(BaseEstimator):
         information of the label pairs they describe).
     learn_hyperparameters : bool, default=True
         Optimise the kernel hyperparameters and the pairwise prior variance
-        with the ELBO; False freezes them.
+        with the ELBO; False freezes them. With ``inference="ess"`` the
+        sampler's prior takes those of a variational fit of the same
+        estimator (True) or their initial values (False).
     pairwise_prior_variance : float, default=1.0
         Prior variance of every pairwise potential; its starting value when
         ``learn_hyperparameters`` is True (it is then learned from the ELBO,
@@ -262,11 +264,10 @@ GroupedLinearKernel`: automatic relevance determination per group).
         ``"variational"``: the sparse variational method above. ``"ess"``:
         the original GPstruct sampler, elliptical slice sampling of the unary
         values of all training tokens and the pairwise potentials under the
-        full GP prior (kernel hyperparameters fixed at their initial values:
-        pass ``kernel=vi.kernel_`` and ``pairwise_prior_variance=
-        vi.pairwise_prior_variance_`` of a variational fit ``vi`` to sample
-        at the hyperparameters it learned; O(N^2) memory, refused beyond
-        ``ess_memory_limit``).
+        full GP prior, with the kernel hyperparameters and the pairwise prior
+        variance a variational fit learns first (``learn_hyperparameters``;
+        False: their initial values, as GPstruct); O(N^2) memory, refused
+        beyond ``ess_memory_limit`` before any fit).
     ess_n_iter : int, default=10000
         ESS iterations (``inference="ess"``).
     ess_burn_in : int or None, default=None
@@ -581,7 +582,7 @@ GroupedLinearKernel`: automatic relevance determination per group).
                 raise ValueError("partial_fit is not available with inference='ess'")
             with reuse_blocks():
                 return self._fit_ess(
-                    X_all, offsets, classes, label_index, is_sparse, rng
+                    X, y, X_all, offsets, classes, label_index, is_sparse, rng
                 )
 
         warm = (self.warm_start or partial) and hasattr(self, "q_mu_")
@@ -822,8 +823,10 @@ GroupedLinearKernel`: automatic relevance determination per group).
             return LinearKernel(variance=scale, bias=1.0)
         return check_kernel(self.kernel, sparse=is_sparse)
 
-    def _fit_ess(self, X_all, offsets, classes, label_index, is_sparse, rng):
-        """GPstruct: elliptical slice sampling under the full GP prior."""
+    def _fit_ess(self, X, y, X_all, offsets, classes, label_index, is_sparse, rng):
+        """GPstruct: elliptical slice sampling under the full GP prior, at the
+        hyperparameters a variational fit learns (``learn_hyperparameters``)
+        or at their initial values."""
         if self.warm_start and hasattr(self, "classes_"):
             raise ValueError("warm_start=True is not supported with inference='ess'")
         if not (isinstance(self.likelihood, str) and self.likelihood == "crf"):
@@ -831,10 +834,24 @@ GroupedLinearKernel`: automatic relevance determination per group).
                 "inference='ess' samples with the exact chain likelihood only; "
                 f"got likelihood={self.likelihood!r}, use likelihood='crf'"
             )
-        kernel = self._initial_kernel(X_all, is_sparse)
+        # Refuse a chain too large for memory before any fit.
+        check_chain_size(
+            X_all.shape[0], len(classes), self.ess_n_iter, self.ess_burn_in,
+            self.ess_thin, self.ess_memory_limit,
+        )
+        if self.learn_hyperparameters:
+            # The same estimator, variational: its kernel and pairwise prior
+            # variance, learned from the ELBO, are the sampler's prior.
+            learner = clone(self).set_params(inference="variational")
+            learner.fit(X, y)
+            kernel = learner.kernel_
+            prior_variance = float(learner.pairwise_prior_variance_)
+        else:
+            kernel = self._initial_kernel(X_all, is_sparse)
+            prior_variance = float(self.pairwise_prior_variance)
         self.ess_ = sample_posterior(
             X_all, offsets, label_index.astype(np.int64), kernel, len(classes),
-            pairwise_prior_variance=float(self.pairwise_prior_variance),
+            pairwise_prior_variance=prior_variance,
             n_iter=self.ess_n_iter, burn_in=self.ess_burn_in, thin=self.ess_thin,
             random_state=rng, verbose=self.verbose,
             memory_limit=self.ess_memory_limit,
@@ -846,7 +863,7 @@ GroupedLinearKernel`: automatic relevance determination per group).
         self.n_features_in_ = X_all.shape[1]
         self.kernel_ = kernel
         self.pairwise_mean_ = self.ess_.pairwise_mean
-        self.pairwise_prior_variance_ = float(self.pairwise_prior_variance)
+        self.pairwise_prior_variance_ = prior_variance
         self.log_likelihood_history_ = list(self.ess_.log_likelihood_trace)
         self.n_iter_ = self.ess_n_iter
         return self

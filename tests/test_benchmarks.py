@@ -277,6 +277,7 @@ def test_ess_at_learned_samples_at_the_learned_hyperparameters(dev_splits):
     X, y, model, learned = _short_fit(3)
     sampled = dev_splits.ess_at_learned(model, 40, X, y)
     assert sampled.get_params()["inference"] == "ess"
+    assert sampled.get_params()["learn_hyperparameters"] is False
     assert sampled.n_iter_ == 40
     np.testing.assert_array_equal(sampled.kernel_.variance, learned)
     assert sampled.kernel_.bias == model.kernel_.bias
@@ -286,6 +287,7 @@ def test_ess_at_learned_samples_at_the_learned_hyperparameters(dev_splits):
     by_hand = GPStructClassifier(
         inference="ess", ess_n_iter=40, kernel=model.kernel_,
         pairwise_prior_variance=model.pairwise_prior_variance_, random_state=3,
+        learn_hyperparameters=False,
     ).fit(X, y)
     pairs = zip(
         sampled.predict_marginals(X), by_hand.predict_marginals(X), strict=True

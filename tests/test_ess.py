@@ -373,7 +373,8 @@ def test_estimator_ess_fits_predicts_and_is_reproducible():
     from skgpstruct import GPStructClassifier
 
     X, y = make_sequences(50, random_state=3, noise=0.5)
-    params = dict(kernel="rbf", inference="ess", ess_n_iter=400, random_state=1)
+    params = dict(kernel="rbf", inference="ess", ess_n_iter=400, random_state=1,
+                  learn_hyperparameters=False)
     first = GPStructClassifier(**params).fit(X[:35], y[:35])
     second = GPStructClassifier(**params).fit(X[:35], y[:35])
     np.testing.assert_array_equal(first.ess_.unary_samples, second.ess_.unary_samples)
@@ -390,9 +391,39 @@ def test_estimator_ess_fits_predicts_and_is_reproducible():
     assert not hasattr(first, "q_mu_")
 
 
-def test_estimator_ess_refuses_large_training_set_before_allocating():
+def test_estimator_ess_samples_at_the_hyperparameters_the_elbo_learns():
+    # learn_hyperparameters=True (the default): the prior is that of the same
+    # estimator fitted variationally; False: the initial values, as GPstruct.
     from skgpstruct import GPStructClassifier
 
+    X, y = make_sequences(12, random_state=4)
+    params = dict(ess_n_iter=60, random_state=2)
+    learned = GPStructClassifier(inference="ess", **params).fit(X, y)
+    variational = GPStructClassifier(**params).fit(X, y)
+    np.testing.assert_array_equal(learned.kernel_.theta, variational.kernel_.theta)
+    assert learned.pairwise_prior_variance_ == variational.pairwise_prior_variance_
+    assert learned.pairwise_prior_variance_ != 1.0  # the parameter's value
+    assert not hasattr(learned, "elbo_history_")
+    assert learned.get_params()["inference"] == "ess"  # the clone did not leak
+
+    fixed = GPStructClassifier(
+        inference="ess", learn_hyperparameters=False, **params
+    ).fit(X, y)
+    frozen = GPStructClassifier(learn_hyperparameters=False, **params).fit(X, y)
+    np.testing.assert_array_equal(fixed.kernel_.theta, frozen.kernel_.theta)
+    assert np.abs(fixed.kernel_.theta - learned.kernel_.theta).max() > 0.1
+    assert fixed.pairwise_prior_variance_ == 1.0
+
+
+def test_estimator_ess_refuses_large_training_set_before_allocating(monkeypatch):
+    import skgpstruct._estimator as estimator_module
+    from skgpstruct import GPStructClassifier
+
+    def no_fit(*args, **kwargs):
+        raise AssertionError("the variational fit ran before the memory check")
+
+    # Refused before the variational fit that would learn the hyperparameters.
+    monkeypatch.setattr(estimator_module, "minimize_lbfgs", no_fit)
     X, y = make_sequences(20, random_state=0)
     model = GPStructClassifier(inference="ess", ess_memory_limit=1000)
     with pytest.raises(ValueError, match="variational"):

@@ -49,6 +49,7 @@ from .._sequences import chunk_slices
 __all__ = [
     "DEFAULT_MEMORY_LIMIT",
     "ESSPosterior",
+    "check_chain_size",
     "elliptical_slice",
     "ess_memory_bytes",
     "sample_posterior",
@@ -200,6 +201,53 @@ def _check_int(value, name, low):
     return int(value)
 
 
+def check_chain_size(n_tokens, n_classes, n_iter, burn_in, thin, memory_limit):
+    """Validate a chain's length and what it would allocate, allocating nothing.
+
+    Parameters
+    ----------
+    n_tokens, n_classes : int
+        Training tokens ``N`` and labels ``V``.
+    n_iter, burn_in, thin : int (burn_in may be None: ``n_iter // 2``)
+        As for :func:`sample_posterior`.
+    memory_limit : int
+        Largest number of bytes the sampler may allocate.
+
+    Returns
+    -------
+    n_iter, burn_in, thin, n_kept : int
+
+    Raises
+    ------
+    ValueError
+        When an argument is not an integer in range, when no sample would be
+        kept, or when the Gram matrix, its factor and the kept samples would
+        exceed ``memory_limit`` (the message says how to proceed).
+    """
+    n_iter = _check_int(n_iter, "n_iter", 1)
+    thin = _check_int(thin, "thin", 1)
+    burn_in = n_iter // 2 if burn_in is None else _check_int(burn_in, "burn_in", 0)
+    if burn_in + thin > n_iter:
+        raise ValueError(
+            f"no sample would be kept: burn_in + thin ({burn_in} + {thin}) must "
+            f"be at most n_iter ({n_iter})"
+        )
+    n_kept = _n_kept(n_iter, burn_in, thin)
+    gram_bytes, other_bytes = ess_memory_bytes(n_tokens, n_classes, n_kept)
+    if gram_bytes + other_bytes > memory_limit:
+        raise ValueError(
+            f"inference='ess' needs the dense Gram matrix of all N = {n_tokens} "
+            f"training tokens and its Cholesky factor ({_format_bytes(gram_bytes)}"
+            f"), plus {_format_bytes(other_bytes)} for the {n_kept} kept samples: "
+            f"{_format_bytes(gram_bytes + other_bytes)} in all, more than the "
+            f"memory limit of {_format_bytes(memory_limit)}. Use "
+            "inference='variational', whose memory does not grow with N^2; or "
+            "train on fewer tokens, keep fewer samples (larger thin) or raise "
+            "the memory limit"
+        )
+    return n_iter, burn_in, thin, n_kept
+
+
 # --------------------------------------------------------------------------
 # The sampler
 # --------------------------------------------------------------------------
@@ -278,15 +326,7 @@ def sample_posterior(
     :attr:`ESSPosterior.jitter`.
     """
     n_classes = _check_int(n_classes, "n_classes", 1)
-    n_iter = _check_int(n_iter, "n_iter", 1)
-    thin = _check_int(thin, "thin", 1)
-    burn_in = n_iter // 2 if burn_in is None else _check_int(burn_in, "burn_in", 0)
     verbose = _check_int(verbose, "verbose", 0)
-    if burn_in + thin > n_iter:
-        raise ValueError(
-            f"no sample would be kept: burn_in + thin ({burn_in} + {thin}) must "
-            f"be at most n_iter ({n_iter})"
-        )
     sigma2 = float(pairwise_prior_variance)
     if not (np.isfinite(sigma2) and sigma2 > 0):
         raise ValueError(
@@ -306,20 +346,9 @@ def sample_posterior(
         raise ValueError("X has no tokens")
     if labels.min() < 0 or labels.max() >= n_classes:
         raise ValueError(f"labels must lie in [0, {n_classes})")
-    n_kept = _n_kept(n_iter, burn_in, thin)
-
-    gram_bytes, other_bytes = ess_memory_bytes(n_tokens, n_classes, n_kept)
-    if gram_bytes + other_bytes > memory_limit:
-        raise ValueError(
-            f"inference='ess' needs the dense Gram matrix of all N = {n_tokens} "
-            f"training tokens and its Cholesky factor ({_format_bytes(gram_bytes)}"
-            f"), plus {_format_bytes(other_bytes)} for the {n_kept} kept samples: "
-            f"{_format_bytes(gram_bytes + other_bytes)} in all, more than the "
-            f"memory limit of {_format_bytes(memory_limit)}. Use "
-            "inference='variational', whose memory does not grow with N^2; or "
-            "train on fewer tokens, keep fewer samples (larger thin) or raise "
-            "the memory limit"
-        )
+    n_iter, burn_in, thin, n_kept = check_chain_size(
+        n_tokens, n_classes, n_iter, burn_in, thin, memory_limit
+    )
 
     rng = np.random.default_rng(random_state)
     unary_rng, pairwise_rng, slice_rng = rng.spawn(3)
