@@ -25,7 +25,9 @@ the chain does not depend on the block size.
 
 Kernel hyperparameters and the pairwise prior variance are fixed, as in
 GPstruct's experiments (its hyperparameter sampling was optional and off by
-default): this module does not learn them.
+default): this module does not learn them. ``GPStructClassifier(inference=
+"ess")`` passes it those a variational fit of the same estimator learned,
+unless ``learn_hyperparameters=False``.
 
 Prediction follows GPstruct: for every kept sample the test unaries come
 from the GP conditional ``f_* | f`` (its mean ``K_*X K^{-1} f``, or a draw),
