@@ -415,6 +415,21 @@ def test_estimator_ess_samples_at_the_hyperparameters_the_elbo_learns():
     assert fixed.pairwise_prior_variance_ == 1.0
 
 
+def test_estimator_ess_at_learned_hyperparameters_does_not_depend_on_n_jobs():
+    # The variational fit that learns the prior runs its chunks on n_jobs
+    # threads; the chain it leads to is the same.
+    from skgpstruct import GPStructClassifier
+    from skgpstruct._estimator import CHUNK_TOKENS
+
+    X, y = make_sequences(40, random_state=5, length_range=(40, 80))
+    assert sum(map(len, X)) > CHUNK_TOKENS  # more than one chunk to share out
+    params = dict(inference="ess", ess_n_iter=30, random_state=6)
+    one = GPStructClassifier(n_jobs=1, **params).fit(X, y)
+    two = GPStructClassifier(n_jobs=2, **params).fit(X, y)
+    np.testing.assert_array_equal(one.kernel_.theta, two.kernel_.theta)
+    np.testing.assert_array_equal(one.ess_.unary_samples, two.ess_.unary_samples)
+
+
 def test_estimator_ess_refuses_large_training_set_before_allocating(monkeypatch):
     import skgpstruct._estimator as estimator_module
     from skgpstruct import GPStructClassifier
