@@ -640,6 +640,21 @@ def environment():
 
 # ---------------------------------------------------------------------- #
 # the GP
+def fit_recording_convergence(model, X, y):
+    """``model.fit(X, y)``: its seconds, and whether it converged (no
+    ConvergenceWarning; the warning is recorded, not shown). Other warnings
+    pass through."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always", ConvergenceWarning)
+        with Stopwatch() as fit:
+            model.fit(X, y)
+    converged = not any(issubclass(w.category, ConvergenceWarning) for w in caught)
+    for w in caught:
+        if not issubclass(w.category, ConvergenceWarning):
+            warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
+    return fit.seconds, converged
+
+
 def fit_gp(params, verbose, X_train, y_train, X_test, y_test):
     """Fit and score one GPStructClassifier; a fit that raises is recorded.
 
@@ -649,10 +664,7 @@ def fit_gp(params, verbose, X_train, y_train, X_test, y_test):
     """
     gp = GPStructClassifier(**params, verbose=int(verbose))
     try:
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always", ConvergenceWarning)
-            with Stopwatch() as fit:
-                gp.fit(X_train, y_train)
+        fit_seconds, converged = fit_recording_convergence(gp, X_train, y_train)
         with Stopwatch() as predict:
             y_pred = gp.predict(X_test)
         marginals = gp.predict_marginals(X_test)
@@ -663,13 +675,9 @@ def fit_gp(params, verbose, X_train, y_train, X_test, y_test):
             "fit_time": float("nan"),
             "failure": f"{type(exc).__name__}: {exc}",
         }
-    converged = not any(issubclass(w.category, ConvergenceWarning) for w in caught)
-    for w in caught:
-        if not issubclass(w.category, ConvergenceWarning):
-            warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
     result = {
         "error": token_error(y_test, y_pred),
-        "fit_time": fit.seconds,
+        "fit_time": fit_seconds,
         "predict_time": predict.seconds,
         "n_iter": int(gp.n_iter_),
         "converged": converged,

@@ -53,7 +53,6 @@ The same sampler at the hyperparameters the ELBO learns::
 import argparse
 import copy
 import sys
-import warnings
 
 import numpy as np
 from _common import (
@@ -72,6 +71,7 @@ from _common import (
     crfsuite_available,
     difference_rows,
     environment,
+    fit_recording_convergence,
     fold_split,
     format_mean_std,
     load_pool,
@@ -83,7 +83,6 @@ from _common import (
     token_error,
     write_json,
 )
-from sklearn.exceptions import ConvergenceWarning
 
 from skgpstruct import GPStructClassifier
 from skgpstruct._sequences import stack_sequences
@@ -236,10 +235,11 @@ def run_fold(dataset, pool, folds, k, args, with_crf):
     }
     if learned:
         result["learned"] = learned
+        status = "" if learned["converged"] else ", not converged"
         print(
             f"  variational fit {learned['fit_time']:.2f} s ({learned['n_iter']} "
-            f"iterations): kernel {learned['kernel']}, pairwise prior variance "
-            f"{pairwise_prior_variance:.3g}",
+            f"iterations{status}): kernel {learned['kernel']}, pairwise prior "
+            f"variance {pairwise_prior_variance:.3g}",
             flush=True,
         )
     print(
@@ -267,12 +267,11 @@ def hyperparameters(X_train, y_train, args):
         )
         return kernel, args.pairwise_prior_variance, None
     model = GPStructClassifier(random_state=args.random_state)
-    with Stopwatch() as fit, warnings.catch_warnings():
-        warnings.simplefilter("ignore", ConvergenceWarning)
-        model.fit(X_train, y_train)
+    fit_seconds, converged = fit_recording_convergence(model, X_train, y_train)
     learned = {
-        "fit_time": fit.seconds,
+        "fit_time": fit_seconds,
         "n_iter": int(model.n_iter_),
+        "converged": converged,
         "kernel": repr(model.kernel_),
         "pairwise_prior_variance": float(model.pairwise_prior_variance_),
     }
