@@ -155,7 +155,7 @@ def test_init_stores_parameters_unchanged():
         "ess_memory_limit": 10**6, "feature_groups": None, "batch_size": 4,
         "learning_rate": 0.3, "n_iter_no_change": 7, "early_stopping": True,
         "validation_fraction": 0.25, "pairwise_uncertainty": True,
-        "collapse_lone_features": False,
+        "collapse_lone_features": False, "hyperprior_scale": 1.5,
     }
     params = GPStructClassifier(**given).get_params(deep=False)
     assert params.keys() == given.keys()
@@ -392,6 +392,41 @@ def test_learn_hyperparameters_false_keeps_the_kernel(data):
     # "linear" starts at a prior sd of 1 for a training token's potential.
     linear = GPStructClassifier(learn_hyperparameters=False, **FAST).fit(X, y)
     assert np.mean(linear.kernel_.diag(np.vstack(X))) == pytest.approx(1.0)
+
+
+def _initial_theta(X, y, kernel="linear"):
+    frozen = GPStructClassifier(kernel, learn_hyperparameters=False, **FAST)
+    return frozen.fit(X, y).kernel_.theta
+
+
+# SAGA's epochs under so steep a prior may run to max_iter: theta is checked.
+@pytest.mark.filterwarnings("ignore::sklearn.exceptions.ConvergenceWarning")
+@pytest.mark.parametrize("optimizer", ["lbfgs", "stochastic"])
+def test_a_narrow_hyperprior_holds_the_hyperparameters_at_their_start(
+    data, optimizer
+):
+    # The prior's pull is added to the objective of both optimisers (the
+    # stochastic one takes it with the exact KL terms).
+    X, y, _, _ = data
+    params = {**FAST, "optimizer": optimizer, "batch_size": 10, "max_iter": 30}
+    start = _initial_theta(X, y)
+    free = GPStructClassifier(hyperprior_scale=None, **params).fit(X, y)
+    held = GPStructClassifier(hyperprior_scale=1e-4, **params).fit(X, y)
+    assert np.max(np.abs(free.kernel_.theta - start)) > 0.1
+    np.testing.assert_allclose(held.kernel_.theta, start, atol=1e-3)
+    # The pairwise prior variance has no hyperprior: it moves either way.
+    assert held.pairwise_prior_variance_ != 1.0
+
+
+def test_hyperprior_stays_at_the_initial_hyperparameters_on_a_warm_start(data):
+    X, y, _, _ = data
+    start = _initial_theta(X, y)
+    model = GPStructClassifier(hyperprior_scale=None, **FAST).fit(X, y)
+    learned = model.kernel_.theta
+    assert np.max(np.abs(learned - start)) > 0.1
+    # Continued from the learned values, the prior still pulls to the start.
+    model.set_params(warm_start=True, hyperprior_scale=1e-4).fit(X, y)
+    np.testing.assert_allclose(model.kernel_.theta, start, atol=1e-3)
 
 
 # --------------------------------------------------------------------------- #
@@ -707,6 +742,10 @@ BAD_PARAMS = [
     (
         {"collapse_lone_features": "yes"},
         r"collapse_lone_features must be True or False",
+    ),
+    *(
+        ({"hyperprior_scale": value}, r"hyperprior_scale must be None or a posi")
+        for value in (0.0, -1.0, np.inf, np.nan, True, "3")
     ),
 ]
 

@@ -65,7 +65,7 @@ def _random_params(rng, K, full, V=V, M=M):
 
 def _problem(
     kernel_name, *, K=1, full=False, estimator="pathwise", S=3, seed=0,
-    features=False, compact=False, n_features=12,
+    features=False, compact=False, n_features=12, hyperprior_scale=None,
 ):
     """A tiny fixed-sample ELBO: 6 sequences of 1-5 tokens in 2 chunks.
 
@@ -137,6 +137,7 @@ def _problem(
         pairwise_prior_variance=1.3,
         pairwise_noise=rng.normal(size=(S, V, V)),
         residual_floor=1e-6,
+        hyperprior_scale=hyperprior_scale,
     )
     x0 = layout.pack(_random_params(rng, K, full, M=n_inducing), kernel.theta, 1.7)
     return objective, layout, x0
@@ -182,6 +183,48 @@ def test_pathwise_gradient_matches_finite_differences(kernel_name, K, full, feat
             np.testing.assert_allclose(
                 gradient @ direction, finite_diff, rtol=1e-5, atol=1e-7, err_msg=name
             )
+
+
+@pytest.mark.parametrize("kernel_name", ["rbf", "grouped"])
+def test_hyperprior_adds_a_gaussian_log_density_on_theta(kernel_name):
+    features = kernel_name == "grouped"
+    plain, layout, x0 = _problem(kernel_name, features=features)
+    objective, _, _ = _problem(kernel_name, features=features, hyperprior_scale=0.7)
+    sl = layout.slices["theta"]
+    start = x0[sl].copy()  # _problem packs the kernel's own theta
+    rng = np.random.default_rng(3)
+    x = x0.copy()
+    x[sl] += rng.normal(size=sl.stop - sl.start)
+    with Parallel(n_jobs=1) as parallel:
+        at_start = objective.evaluate(x0, parallel)
+        a, b = plain.evaluate(x, parallel), objective.evaluate(x, parallel)
+        # log N(theta; start, 0.7^2) up to its constant, computed by scipy.
+        log_density = stats.norm.logpdf(x[sl], start, 0.7) - stats.norm.logpdf(
+            start, start, 0.7
+        )
+        assert at_start.log_hyperprior == 0.0
+        assert at_start.objective == at_start.elbo
+        assert b.elbo == a.elbo
+        np.testing.assert_allclose(b.log_hyperprior, log_density.sum(), rtol=1e-12)
+        np.testing.assert_allclose(b.objective, a.elbo + log_density.sum())
+        # Only the theta block of the gradient changes.
+        outside = np.ones(layout.size, bool)
+        outside[sl] = False
+        np.testing.assert_array_equal(b.gradient[outside], a.gradient[outside])
+        direction = np.zeros_like(x)
+        direction[sl] = rng.normal(size=sl.stop - sl.start)
+        h = 1e-5
+        plus = objective.evaluate(x + h * direction, parallel).objective
+        minus = objective.evaluate(x - h * direction, parallel).objective
+        np.testing.assert_allclose(
+            b.gradient @ direction, (plus - minus) / (2 * h), rtol=1e-5, atol=1e-7
+        )
+        # The stochastic optimiser's exact part: KL terms and the prior.
+        gradient = np.zeros(layout.size)
+        assert objective.add_log_hyperprior(x, gradient) == b.log_hyperprior
+        np.testing.assert_allclose(
+            gradient[sl], b.gradient[sl] - a.gradient[sl], rtol=1e-12
+        )
 
 
 @pytest.mark.parametrize(

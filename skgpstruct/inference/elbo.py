@@ -127,14 +127,20 @@ class LocalGradient:
 
 
 class ELBOEvaluation:
-    """Value and gradient of the ELBO and of its parts at one point."""
+    """Value and gradient of the fit's objective, and its parts, at one point.
 
-    def __init__(self, elbo, gradient, ell, kl_u, kl_bin):
+    ``objective`` (what the fit maximises, with ``gradient``) is ``elbo``
+    plus ``log_hyperprior``, the hyperprior's log density (0 without one).
+    """
+
+    def __init__(self, elbo, gradient, ell, kl_u, kl_bin, log_hyperprior=0.0):
         self.elbo = elbo
+        self.objective = elbo + log_hyperprior
         self.gradient = gradient
         self.ell = ell
         self.kl_unary = kl_u
         self.kl_pairwise = kl_bin
+        self.log_hyperprior = log_hyperprior
 
 
 class SparseELBO:
@@ -161,6 +167,14 @@ class SparseELBO:
     residual_floor : float
         Added to the conditional variance of every token before the square
         root, so that its derivative stays finite.
+    hyperprior_scale : float or None, default=None
+        Standard deviation of a Gaussian prior on each learned entry of the
+        kernel's ``theta`` (the log hyperparameters), centred at
+        ``hyperprior_center``; its log density, without the normalising
+        constant, is added to the objective (MAP-II). None: no prior.
+    hyperprior_center : ndarray of shape (layout.n_theta,) or None
+        The prior's centre (the initial ``theta``); the kernel's ``theta``
+        when None.
     """
 
     def __init__(
@@ -176,6 +190,8 @@ class SparseELBO:
         pairwise_prior_variance,
         pairwise_noise,
         residual_floor,
+        hyperprior_scale=None,
+        hyperprior_center=None,
     ):
         self.chunks = chunks
         self.inducing = inducing
@@ -187,6 +203,11 @@ class SparseELBO:
         self.pairwise_prior_variance = pairwise_prior_variance
         self.pairwise_noise = pairwise_noise
         self.residual_floor = residual_floor
+        self.hyperprior_scale = hyperprior_scale
+        self.hyperprior_center = (
+            np.array(kernel.theta if hyperprior_center is None else hyperprior_center)
+            if hyperprior_scale is not None and layout.n_theta else None
+        )
 
     def _reference(self, vector):
         if vector is None or self.estimator != "score":
@@ -289,7 +310,20 @@ class SparseELBO:
         kl_u, kl_bin, kl_gradient = self.kl_terms(vector)
         gradient = layout.pack_gradient(params, grads, d_theta, 0.0)
         gradient += kl_gradient
-        return ELBOEvaluation(ell - kl_u - kl_bin, gradient, ell, kl_u, kl_bin)
+        log_prior = self.add_log_hyperprior(vector, gradient)
+        return ELBOEvaluation(
+            ell - kl_u - kl_bin, gradient, ell, kl_u, kl_bin, log_prior
+        )
+
+    def add_log_hyperprior(self, vector, gradient):
+        """The hyperprior's log density at ``vector``; its gradient is added
+        into ``gradient`` (packed). 0 (and nothing added) without one."""
+        if self.hyperprior_center is None:
+            return 0.0
+        sl = self.layout.slices["theta"]
+        z = (vector[sl] - self.hyperprior_center) / self.hyperprior_scale
+        gradient[sl] -= z / self.hyperprior_scale
+        return -0.5 * float(z @ z)
 
     def _map_chunks(self, parallel, shared):
         """``chunk_terms`` of every chunk, in chunk order.
