@@ -59,6 +59,16 @@ the model's::
 
     OPENBLAS_NUM_THREADS=1 python benchmarks/dev_splits.py --calibration \
         --ess-at-learned 10000
+
+``--variances`` also prints where the learned per-template prior variances
+(``feature_groups``) end against their start, over all the splits'
+templates: how far the ELBO switches templates off, with and without the
+hyperprior (the comparison behind ``hyperprior_scale=3``)::
+
+    OPENBLAS_NUM_THREADS=1 python benchmarks/dev_splits.py --variances \
+        --setting hyperprior_scale=None --setting hyperprior_scale=1 \
+        --setting hyperprior_scale=2 --setting hyperprior_scale=3 \
+        --setting hyperprior_scale=5
 """
 
 import argparse
@@ -82,11 +92,13 @@ from _common import (
     template_features,
     token_error,
 )
+from sklearn.base import clone
 from sklearn.exceptions import ConvergenceWarning
 
 from skgpstruct import GPStructClassifier, chain
 from skgpstruct._sequences import split_by_offsets, stack_sequences
 from skgpstruct.io import read_conll
+from skgpstruct.kernels import GroupedLinearKernel
 
 #: Training and test sizes of the dev splits, and the first split seed.
 DEV_SPLITS = {
@@ -230,6 +242,22 @@ def frozen_refit(model, scale, X, y):
     return refit.fit(X, y)
 
 
+def variance_shifts(model, X, y):
+    """log10 of every learned per-template prior variance over its start
+    (the kernel of a fit with the hyperparameters frozen), or None when the
+    fit's kernel has no groups."""
+    kernel = model.kernel_
+    if not isinstance(kernel, GroupedLinearKernel):
+        return None
+    frozen = clone(model).set_params(learn_hyperparameters=False, max_iter=1)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ConvergenceWarning)
+        start = frozen.fit(X, y).kernel_
+    return np.log10(
+        np.asarray(kernel.variance, float) / np.asarray(start.variance, float)
+    )
+
+
 def ess_at_learned(model, n_iter, X, y):
     """The exact posterior of ``model``'s GP, sampled by ESS (``n_iter``
     iterations, the exact chain likelihood) at the kernel and the pairwise
@@ -261,14 +289,15 @@ def peer_results(name, data_dir):
 
 
 def run(name, params, data_dir, transitions=False, with_calibration=False,
-        variance_scales=(), ess_iterations=None):
+        variance_scales=(), ess_iterations=None, with_variances=False):
     """Errors, fit times and iterations over the splits; with ``transitions``
     also the errors of the fitted and of no transitions (else empty), with
     ``with_calibration`` the :func:`calibration_figures` of every split, with
     ``variance_scales`` the errors of every :func:`frozen_refit`, and with
     ``ess_iterations`` the error of every :func:`ess_at_learned` (and, with
-    ``with_calibration``, its calibration under :data:`ESS_KEY`)."""
-    errors, times, iterations, calibrations = [], [], [], []
+    ``with_calibration``, its calibration under :data:`ESS_KEY`); with
+    ``with_variances`` also every split's :func:`variance_shifts`, last."""
+    errors, times, iterations, calibrations, shifts = [], [], [], [], []
     variants = (
         {"decoded with fitted transitions": [], "decoded with unaries only": []}
         if transitions else {}
@@ -286,6 +315,8 @@ def run(name, params, data_dir, transitions=False, with_calibration=False,
             times.append(time.perf_counter() - start)
         errors.append(token_error(y_test, model.predict(X_test)))
         iterations.append(model.n_iter_)
+        if with_variances:
+            shifts.append(variance_shifts(model, X_train, y_train))
         if transitions:
             fitted = model.pairwise_mean_
             for key, pairwise in (
@@ -324,7 +355,23 @@ def run(name, params, data_dir, transitions=False, with_calibration=False,
                 }
         if with_calibration:
             calibrations.append(figures)
+    if with_variances:
+        return errors, times, iterations, variants, calibrations, shifts
     return errors, times, iterations, variants, calibrations
+
+
+def variances_line(shifts):
+    """Where the learned per-template prior variances ended, over all the
+    splits' templates, against their start."""
+    if any(s is None for s in shifts):
+        return "prior variances: the kernel has no per-template variances"
+    values = np.concatenate(shifts)
+    return (
+        f"prior variances over their start (log10), {values.size} templates: "
+        f"median {np.median(values):+.2f}, range {values.min():+.2f} to "
+        f"{values.max():+.2f}; below 1/100 of the start: "
+        f"{np.mean(values < -2):.0%}"
+    )
 
 
 def calibration_line(calibrations):
@@ -397,6 +444,11 @@ def main(argv=None):
         "the hyperparameters it learned (its error; with --calibration its "
         "NLL and ECE)",
     )
+    parser.add_argument(
+        "--variances", action="store_true",
+        help="also print where the learned per-template prior variances end, "
+        "against their start",
+    )
     args = parser.parse_args(argv)
     if args.ess_at_learned is not None and args.ess_at_learned < 1:
         parser.error(
@@ -415,9 +467,9 @@ def main(argv=None):
                     flush=True,
                 )
         for params in settings:
-            errors, times, iterations, variants, calibrations = run(
+            errors, times, iterations, variants, calibrations, *shifts = run(
                 name, params, data_dir, args.transitions, args.calibration,
-                args.variance_scales, args.ess_at_learned,
+                args.variance_scales, args.ess_at_learned, args.variances,
             )
             print(
                 f"{name:10s} {params or 'defaults'}: error {_errors(errors)}, fit "
@@ -428,6 +480,8 @@ def main(argv=None):
                 print(f"{'':10s}   {key}: error {_errors(values)}")
             if calibrations:
                 print(f"{'':10s}   {calibration_line(calibrations)}", flush=True)
+            if shifts:
+                print(f"{'':10s}   {variances_line(shifts[0])}", flush=True)
     return 0
 
 

@@ -21,6 +21,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import scipy.sparse as sp
+from sklearn.base import clone
 from sklearn.exceptions import ConvergenceWarning
 
 BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
@@ -270,6 +271,28 @@ def test_frozen_refit_rescales_the_learned_variances(dev_splits):
     assert refit.kernel_.bias == model.kernel_.bias
     assert refit.pairwise_prior_variance_ == model.pairwise_prior_variance_
     assert refit.get_params()["learn_hyperparameters"] is False
+
+
+def test_variance_shifts_are_against_the_initial_variances(dev_splits):
+    X, y, shared, _ = _short_fit(0)
+    assert dev_splits.variance_shifts(shared, X, y) is None  # one variance
+    n_features = X[0].shape[1]
+    grouped = clone(shared).set_params(feature_groups=np.arange(n_features) % 3)
+    with pytest.warns(ConvergenceWarning):
+        grouped.fit(X, y)
+    learned = np.asarray(grouped.kernel_.variance)
+    shifts = dev_splits.variance_shifts(grouped, X, y)
+    # "linear" starts every group at 1 / (1 + the mean squared norm of a
+    # training token).
+    rows = sp.vstack(X).tocsr() if sp.issparse(X[0]) else np.vstack(X)
+    squares = rows.multiply(rows) if sp.issparse(rows) else rows * rows
+    mean_sq = np.asarray(squares.sum(axis=1)).mean()
+    assert shifts.shape == (3,)
+    np.testing.assert_allclose(shifts, np.log10(learned * (1.0 + mean_sq)))
+    line = dev_splits.variances_line([shifts, shifts])
+    assert "6 templates" in line
+    assert f"median {np.median(shifts):+.2f}" in line
+    assert "no per-template" in dev_splits.variances_line([shifts, None])
 
 
 def test_ess_at_learned_samples_at_the_learned_hyperparameters(dev_splits):
