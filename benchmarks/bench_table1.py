@@ -82,9 +82,26 @@ GP_OPTIONS = (
     "learning_rate",
     "n_iter_no_change",
     "tol",
+    "hyperprior_scale",
     "n_jobs",
     "random_state",
 )
+
+
+def scale_or_none(text):
+    """``--hyperprior-scale``: a number, or ``none`` for no hyperprior."""
+    if text.lower() == "none":
+        return NO_HYPERPRIOR
+    try:
+        return float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(
+            f"expected a number or 'none', got {text!r}"
+        ) from None
+
+
+# Stands for hyperprior_scale=None on the command line (None: not given).
+NO_HYPERPRIOR = "none"
 
 
 def build_parser():
@@ -132,6 +149,11 @@ def build_parser():
     gp.add_argument("--learning-rate", type=float, metavar="RATE")
     gp.add_argument("--tol", type=float, metavar="TOL")
     gp.add_argument("--n-iter-no-change", type=int, metavar="N")
+    gp.add_argument(
+        "--hyperprior-scale", type=scale_or_none, metavar="S",
+        help="sd of the log-normal hyperprior on the kernel hyperparameters, "
+        "or 'none' for none (type-II maximum likelihood)",
+    )
     gp.add_argument("--n-jobs", type=int, metavar="N")
     gp.add_argument("--random-state", type=int, metavar="SEED")
     return parser
@@ -143,6 +165,8 @@ def gp_params(args):
         for name in GP_OPTIONS
         if getattr(args, name) is not None
     }
+    if params.get("hyperprior_scale") == NO_HYPERPRIOR:
+        params["hyperprior_scale"] = None
     if args.quick:
         params.setdefault("max_iter", QUICK_MAX_ITER)
     return params

@@ -327,8 +327,10 @@ GroupedLinearKernel`: automatic relevance determination per group).
     pairwise_prior_variance_ : float
         The (learned) prior variance of the pairwise potentials.
     elbo_history_ : list of float
-        ELBO after every iteration (of the collapsed posterior when the lone
-        features were collapsed: a bound at least as tight).
+        The objective after every iteration: the ELBO (of the collapsed
+        posterior when the lone features were collapsed: a bound at least
+        as tight) plus, with ``hyperprior_scale``, the hyperprior's log
+        density without its constant (0 at the initial hyperparameters).
     n_iter_ : int
     ess_ : ESSPosterior
         Only with ``inference="ess"``: the kept samples (the variational

@@ -54,6 +54,7 @@ bench_stacked = _module_fixture("bench_stacked")
 profile_fit = _module_fixture("profile_fit")
 bench_block_cache = _module_fixture("bench_block_cache")
 run_suite = _module_fixture("run_suite")
+bench_table1 = _module_fixture("bench_table1")
 
 
 def test_bench_ess_hyperparameters_fixed_or_learned(bench_ess):
@@ -142,6 +143,20 @@ def test_token_error_and_fold_summary(common):
     assert common.format_mean_std([1.0, 3.0]) == f"2.00 ({np.sqrt(2):.2f})"
     assert common.format_mean_std([1.0, np.nan]) == "1.00 [1 failed]"
     assert common.format_mean_std([np.nan]) == "failed"
+
+
+def test_table1_hyperprior_option(bench_table1):
+    parser = bench_table1.build_parser()
+
+    def params(*argv):
+        return bench_table1.gp_params(parser.parse_args(list(argv)))
+
+    assert "hyperprior_scale" not in params()  # the estimator's default
+    assert params("--hyperprior-scale", "none")["hyperprior_scale"] is None
+    assert params("--hyperprior-scale", "None")["hyperprior_scale"] is None
+    assert params("--hyperprior-scale", "1.5")["hyperprior_scale"] == 1.5
+    with pytest.raises(SystemExit):
+        parser.parse_args(["--hyperprior-scale", "wide"])
 
 
 def test_dev_setting_parser(dev_splits):
