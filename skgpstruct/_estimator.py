@@ -155,7 +155,8 @@ class GPStructClassifier(BaseEstimator):
         ``"stochastic"``: SAGA over mini-batches of ``batch_size`` sequences
         with fresh Monte Carlo samples at every step (the stored gradient of
         every mini-batch and their running sum are updated incrementally),
-        the exact KL gradient, and Adam-scaled steps of size
+        the exact gradient of the KL terms and of the hyperprior
+        (``hyperprior_scale``), and Adam-scaled steps of size
         ``learning_rate / sqrt(epoch)`` (half that for the kernel and
         pairwise-prior hyperparameters). ``max_iter`` then counts epochs, and
         the fit stops after ``n_iter_no_change`` epochs whose mean ELBO does
