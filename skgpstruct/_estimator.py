@@ -211,11 +211,12 @@ class GPStructClassifier(BaseEstimator):
         on the variances), centred at its initial value; the fit maximises
         the ELBO plus this prior's log density (MAP-II). None: the ELBO
         alone (type-II maximum likelihood, as in the paper). Without a prior
-        the ELBO switches most CRF++ templates off (prior variances 100 to
-        10,000 times below their start); 3.0 (a factor of 20 per standard
-        deviation) had the lowest mean error on dev splits outside the
-        benchmark folds, and cut the Table 1 batch fits' iterations by a
-        quarter to two fifths (user guide, "Learning the hyperparameters").
+        the ELBO switches many CRF++ templates off (on dev splits a sixth
+        to three fifths of them end 100 to 10,000 times below their start);
+        3.0 (a factor of 20 per standard deviation) had the lowest mean
+        error on dev splits outside the benchmark folds, and cut the Table 1
+        batch fits' iterations by a quarter to two fifths (user guide,
+        "Learning the hyperparameters").
     pairwise_prior_variance : float, default=1.0
         Prior variance of every pairwise potential; its starting value when
         ``learn_hyperparameters`` is True (it is then learned from the ELBO,
