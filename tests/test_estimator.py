@@ -401,14 +401,18 @@ def _initial_theta(X, y, kernel="linear"):
 
 # SAGA's epochs under so steep a prior may run to max_iter: theta is checked.
 @pytest.mark.filterwarnings("ignore::sklearn.exceptions.ConvergenceWarning")
-@pytest.mark.parametrize("optimizer", ["lbfgs", "stochastic"])
+@pytest.mark.parametrize(
+    "optimizer, gradient",
+    [("lbfgs", "pathwise"), ("lbfgs", "score"), ("stochastic", "pathwise")],
+)
 def test_a_narrow_hyperprior_holds_the_hyperparameters_at_their_start(
-    data, optimizer
+    data, optimizer, gradient
 ):
-    # The prior's pull is added to the objective of both optimisers (the
-    # stochastic one takes it with the exact KL terms).
+    # The prior's pull is added to the objective of every optimiser and
+    # estimator (the stochastic optimiser takes it with the exact KL terms).
     X, y, _, _ = data
-    params = {**FAST, "optimizer": optimizer, "batch_size": 10, "max_iter": 30}
+    params = {**FAST, "optimizer": optimizer, "gradient": gradient,
+              "batch_size": 10, "max_iter": 30}
     start = _initial_theta(X, y)
     free = GPStructClassifier(hyperprior_scale=None, **params).fit(X, y)
     held = GPStructClassifier(hyperprior_scale=1e-4, **params).fit(X, y)
