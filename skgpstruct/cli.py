@@ -155,6 +155,18 @@ def _positive_float(text):
     return value
 
 
+def _scale_or_none(text):
+    """argparse type: a number > 0, or ``none`` (returned as None)."""
+    if text.lower() == "none":
+        return None
+    try:
+        return _positive_float(text)
+    except argparse.ArgumentTypeError:
+        raise argparse.ArgumentTypeError(
+            f"expected a number > 0 or 'none', got {text!r}"
+        ) from None
+
+
 def _encoding(text):
     """argparse type: the name of a Python codec."""
     try:
@@ -613,8 +625,8 @@ def _add_model_input_arguments(parser):
 # GPStructClassifier parameters set by `train` options of the same name.
 _TRAIN_PARAMETERS = (
     "kernel", "n_inducing", "inducing", "inference", "covariance", "gradient",
-    "optimizer", "n_samples", "max_iter", "tol", "decode", "n_jobs",
-    "random_state",
+    "optimizer", "n_samples", "max_iter", "tol", "hyperprior_scale", "decode",
+    "n_jobs", "random_state",
 )
 
 
@@ -714,6 +726,12 @@ def _add_train(subparsers):
     model.add_argument(
         "--tol", type=_positive_float, default=defaults["tol"], metavar="TOL",
         help="relative ELBO change that stops the fit (default: %(default)s)",
+    )
+    model.add_argument(
+        "--hyperprior-scale", type=_scale_or_none,
+        default=defaults["hyperprior_scale"], metavar="S",
+        help="sd of the log-normal hyperprior on the kernel hyperparameters, "
+        "or 'none' to learn them by the ELBO alone (default: %(default)s)",
     )
     choice("--decode", "decode", "decoding of predict")
     model.add_argument(

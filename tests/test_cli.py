@@ -14,6 +14,7 @@ import pytest
 from sklearn.pipeline import Pipeline
 
 import skgpstruct
+import skgpstruct._estimator as estimator_module
 from skgpstruct import GPStructClassifier, cli
 from skgpstruct.cli import main
 from skgpstruct.io import parse_conll, read_conll, write_conll
@@ -134,13 +135,48 @@ def test_train_help_exposes_the_estimator_options(capsys):
     for option in ("--template", "--kernel", "--n-inducing", "--optimizer",
                    "--covariance", "--n-samples", "--decode", "--gradient",
                    "--tol", "--max-iter", "--n-jobs", "--random-state",
-                   "--verbose", "--encoding", "-q"):
+                   "--hyperprior-scale", "--verbose", "--encoding", "-q"):
         assert option in out, option
     # --inference exists exactly when the estimator has the parameter.
     has_inference = "inference" in GPStructClassifier().get_params()
     assert ("--inference" in out) == has_inference
     assert "lbfgs" in out  # the accepted optimisers, read from the estimator
     assert "pickle" in out and "trust" in out
+
+
+@pytest.mark.parametrize(
+    ("given", "expected"), [(None, 3.0), ("none", None), ("NONE", None), ("1.5", 1.5)]
+)
+def test_train_passes_the_hyperprior_scale(monkeypatch, tmp_path, given, expected):
+    # The estimator train builds is recorded when it checks its parameters;
+    # the command then stops, before reading any data.
+    seen = {}
+
+    class Recording(estimator_module.GPStructClassifier):
+        def _check_params(self):
+            seen["hyperprior_scale"] = self.hyperprior_scale
+            return super()._check_params()
+
+    def stop(path, what):
+        raise cli.CommandError("stopped by the test")
+
+    monkeypatch.setattr(estimator_module, "GPStructClassifier", Recording)
+    monkeypatch.setattr(cli, "_read_template", lambda path, encoding: "U00:%x[0,0]\n")
+    monkeypatch.setattr(cli, "_check_output_path", stop)
+    argv = ["train", "-t", "template", "train.data", str(tmp_path / "model.pkl")]
+    if given is not None:
+        argv[1:1] = ["--hyperprior-scale", given]
+    assert main(argv) == 2
+    assert seen["hyperprior_scale"] == expected
+
+
+@pytest.mark.parametrize("given", ["0", "-1", "wide"])
+def test_train_refuses_a_bad_hyperprior_scale(capsys, tmp_path, given):
+    with pytest.raises(SystemExit) as exc:
+        main(["train", "--hyperprior-scale", given, "-t", "template",
+              "train.data", str(tmp_path / "model.pkl")])
+    assert exc.value.code == 2
+    assert "expected a number > 0 or 'none'" in capsys.readouterr().err
 
 
 def test_unexpected_error_exits_1_with_traceback(monkeypatch, capsys, tmp_path):
