@@ -63,6 +63,7 @@ from _common import (
 )
 
 from skgpstruct import GPStructClassifier
+from skgpstruct.cli import _scale_or_none
 
 #: ``max_iter`` of ``--quick`` when ``--max-iter`` is not given.
 QUICK_MAX_ITER = 20
@@ -82,26 +83,10 @@ GP_OPTIONS = (
     "learning_rate",
     "n_iter_no_change",
     "tol",
-    "hyperprior_scale",
     "n_jobs",
     "random_state",
 )
 
-
-def scale_or_none(text):
-    """``--hyperprior-scale``: a number, or ``none`` for no hyperprior."""
-    if text.lower() == "none":
-        return NO_HYPERPRIOR
-    try:
-        return float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"expected a number or 'none', got {text!r}"
-        ) from None
-
-
-# Stands for hyperprior_scale=None on the command line (None: not given).
-NO_HYPERPRIOR = "none"
 
 
 def build_parser():
@@ -149,8 +134,10 @@ def build_parser():
     gp.add_argument("--learning-rate", type=float, metavar="RATE")
     gp.add_argument("--tol", type=float, metavar="TOL")
     gp.add_argument("--n-iter-no-change", type=int, metavar="N")
+    # Absent unless given: its value None means "no hyperprior".
     gp.add_argument(
-        "--hyperprior-scale", type=scale_or_none, metavar="S",
+        "--hyperprior-scale", type=_scale_or_none, default=argparse.SUPPRESS,
+        metavar="S",
         help="sd of the log-normal hyperprior on the kernel hyperparameters, "
         "or 'none' for none (type-II maximum likelihood)",
     )
@@ -165,8 +152,8 @@ def gp_params(args):
         for name in GP_OPTIONS
         if getattr(args, name) is not None
     }
-    if params.get("hyperprior_scale") == NO_HYPERPRIOR:
-        params["hyperprior_scale"] = None
+    if "hyperprior_scale" in vars(args):
+        params["hyperprior_scale"] = args.hyperprior_scale
     if args.quick:
         params.setdefault("max_iter", QUICK_MAX_ITER)
     return params
