@@ -108,6 +108,32 @@ def test_run_suite_reports_both_ess_steps_against_the_paper_s_gp_ess(run_suite):
     assert "`table1-batch`: not run" in report
 
 
+def test_run_suite_reports_the_fit_time_against_both_crf_grids(run_suite):
+    def fold(k, gp_time, crf_time, wide_time):
+        return {
+            "fold": k,
+            "gp": {"error": 5.0, "fit_time": gp_time, "n_iter": 10,
+                   "converged": True, "calibration": {"nll": 0.3, "ece": 0.02}},
+            "crf": {"error": 6.0, "total_time": crf_time},
+            "crf_wide": {"error": 6.0, "total_time": wide_time},
+            "logreg": {"error": 7.0},
+            "gp_over_crf_time": gp_time / crf_time,
+        }
+
+    payload = {"results": {"seg": [fold(0, 2.0, 1.0, 4.0), fold(1, 3.0, 1.0, 2.0)]},
+               "gp_options": {}}
+    report = run_suite.table1_section({"steps": {}}, {"table1-batch": payload})
+    header = next(line for line in report.splitlines()
+                  if line.startswith("| data set | GP mode | folds | GP fit"))
+    assert header.rstrip(" |").endswith("GP fit / CRF {1e-4..10} time")
+    row = next(line for line in report.splitlines()
+               if line.startswith("| seg |") and "2.50 s" in line)
+    cells = [c.strip() for c in row.strip("|").split("|")]
+    # 2/1 and 3/1 against the protocol's CRF; 2/4 and 3/2 against the wide one.
+    assert cells[-2] == f"2.5x ({np.std([2.0, 3.0], ddof=1):.1f})"
+    assert cells[-1] == f"1.0x ({np.std([0.5, 1.5], ddof=1):.1f})"
+
+
 def test_calibration_by_hand(common):
     # Four tokens, labels a / b. Top-label confidences 0.9, 0.6, 0.7, 0.55
     # fall in bins 9, 6, 7, 5, one token each: ECE = mean |correct - conf|.
