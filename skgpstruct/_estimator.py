@@ -75,6 +75,55 @@ def _released(objective):
         objective.release()
 
 
+class _PriorUnits:
+    """The kernel's ``theta`` in units of a narrow hyperprior's standard
+    deviation, for L-BFGS: ``z = (theta - centre) / scale``.
+
+    A prior of standard deviation ``scale`` gives ``theta`` a curvature of
+    ``1 / scale^2``; below 1 that makes its coordinates far stiffer than the
+    whitened posterior's (curvature about 1), and L-BFGS, which scales
+    every coordinate alike, then stalls on tiny steps (with ``scale=1e-4`` a
+    fit stopped after one iteration). In these units the prior's curvature
+    is 1. ``of`` returns None for a scale of 1 or more (nothing to do) or
+    without a hyperprior.
+    """
+
+    def __init__(self, sl, centre, scale):
+        self.sl, self.centre, self.scale = sl, centre, scale
+
+    @classmethod
+    def of(cls, objective, layout):
+        scale = objective.hyperprior_scale
+        if objective.hyperprior_center is None or not scale < 1:
+            return None
+        return cls(layout.slices["theta"], objective.hyperprior_center, float(scale))
+
+    def to_units(self, x):
+        z = np.array(x, dtype=np.float64)
+        z[self.sl] = (x[self.sl] - self.centre) / self.scale
+        return z
+
+    def from_units(self, z):
+        x = np.array(z, dtype=np.float64)
+        x[self.sl] = self.centre + self.scale * z[self.sl]
+        return x
+
+    def bounds(self, bounds):
+        out = np.array(bounds, dtype=np.float64)
+        out[self.sl] = (bounds[self.sl] - self.centre[:, None]) / self.scale
+        return out
+
+    def wrap(self, value_and_grad):
+        """``value_and_grad`` of ``z``: the chain rule through ``from_units``."""
+        def in_units(z):
+            value, grad = value_and_grad(self.from_units(z))
+            grad = np.array(grad, dtype=np.float64)
+            grad[self.sl] *= self.scale
+            return value, grad
+
+        return in_units
+
+
 def _make_chunks(sequences, offsets, label_index, groups, seeds):
     """One Chunk per group of sequence indices (rows stacked in group order)."""
     chunks = []
@@ -754,10 +803,19 @@ GroupedLinearKernel`: automatic relevance determination per group).
                     evaluation = objective.evaluate(x, parallel)
                     return evaluation.objective, evaluation.gradient
 
-                result = minimize_lbfgs(
-                    value_and_grad, x0, bounds=bounds, max_iter=self.max_iter,
-                    tol=self.tol, callback=progress,
-                )
+                units = _PriorUnits.of(objective, layout)
+                if units is None:
+                    result = minimize_lbfgs(
+                        value_and_grad, x0, bounds=bounds, max_iter=self.max_iter,
+                        tol=self.tol, callback=progress,
+                    )
+                else:
+                    result = minimize_lbfgs(
+                        units.wrap(value_and_grad), units.to_units(x0),
+                        bounds=units.bounds(bounds), max_iter=self.max_iter,
+                        tol=self.tol, callback=progress,
+                    )
+                    result.x = units.from_units(result.x)
             else:
                 # Score estimator: each round fixes samples drawn from the
                 # posterior at its start and maximises the importance-weighted
@@ -774,11 +832,23 @@ GroupedLinearKernel`: automatic relevance determination per group).
 
                     return value_and_grad
 
-                result = minimize_lbfgs_rounds(
-                    make_value_and_grad, x0, round_size=SCORE_ROUND_SIZE,
-                    bounds=bounds, max_iter=self.max_iter, tol=self.tol,
-                    callback=progress,
-                )
+                units = _PriorUnits.of(objective, layout)
+                if units is None:
+                    result = minimize_lbfgs_rounds(
+                        make_value_and_grad, x0, round_size=SCORE_ROUND_SIZE,
+                        bounds=bounds, max_iter=self.max_iter, tol=self.tol,
+                        callback=progress,
+                    )
+                else:
+                    result = minimize_lbfgs_rounds(
+                        lambda index, z: units.wrap(
+                            make_value_and_grad(index, units.from_units(z))
+                        ),
+                        units.to_units(x0), round_size=SCORE_ROUND_SIZE,
+                        bounds=units.bounds(bounds), max_iter=self.max_iter,
+                        tol=self.tol, callback=progress,
+                    )
+                    result.x = units.from_units(result.x)
         if not result.converged and not partial:
             warnings.warn(
                 f"GPStructClassifier did not converge in {result.n_iter} "

@@ -410,7 +410,7 @@ def test_a_narrow_hyperprior_holds_the_hyperparameters_at_their_start(
 ):
     # The prior's pull is added to the objective of every optimiser and
     # estimator (the stochastic optimiser takes it with the exact KL terms).
-    X, y, _, _ = data
+    X, y, X_test, y_test = data
     params = {**FAST, "optimizer": optimizer, "gradient": gradient,
               "batch_size": 10, "max_iter": 30}
     start = _initial_theta(X, y)
@@ -418,8 +418,42 @@ def test_a_narrow_hyperprior_holds_the_hyperparameters_at_their_start(
     held = GPStructClassifier(hyperprior_scale=1e-4, **params).fit(X, y)
     assert np.max(np.abs(free.kernel_.theta - start)) > 0.1
     np.testing.assert_allclose(held.kernel_.theta, start, atol=1e-3)
+    # The rest of the posterior is still fitted: so stiff a prior once
+    # stopped L-BFGS after one tiny step (see _PriorUnits).
+    assert held.n_iter_ > 1
+    assert_clearly_better_than_chance(y_test, held.predict(X_test))
     # The pairwise prior variance has no hyperprior: it moves either way.
     assert held.pairwise_prior_variance_ != 1.0
+
+
+def test_prior_units_map_theta_and_its_gradient():
+    sl, centre, scale = slice(1, 3), np.array([0.5, -2.0]), 1e-3
+    units = estimator_module._PriorUnits(sl, centre, scale)
+    x = np.array([3.0, 0.6, -2.1, 7.0])
+    z = units.to_units(x)
+    np.testing.assert_allclose(z, [3.0, 100.0, -100.0, 7.0])
+    np.testing.assert_allclose(units.from_units(z), x)
+    bounds = np.array([[-np.inf, np.inf], [0.0, 1.0], [-3.0, np.inf], [0, 1]])
+    np.testing.assert_allclose(
+        units.bounds(bounds),
+        [[-np.inf, np.inf], [-500.0, 500.0], [-1000.0, np.inf], [0, 1]],
+    )
+
+    def value_and_grad(x):  # a smooth function of every coordinate
+        return float(np.sin(x) @ np.arange(1, 5)), np.cos(x) * np.arange(1, 5)
+
+    wrapped = units.wrap(value_and_grad)
+    rng = np.random.default_rng(0)
+    direction = rng.normal(size=4)
+    h = 1e-4
+    finite = (wrapped(z + h * direction)[0] - wrapped(z - h * direction)[0]) / (2 * h)
+    np.testing.assert_allclose(wrapped(z)[1] @ direction, finite, rtol=1e-6)
+    assert wrapped(z)[0] == value_and_grad(x)[0]
+    # No prior, or one of scale 1 or more: nothing to do.
+    assert estimator_module._PriorUnits.of(
+        type("Objective", (), {"hyperprior_scale": 3.0, "hyperprior_center": centre}),
+        None,
+    ) is None
 
 
 def test_hyperprior_stays_at_the_initial_hyperparameters_on_a_warm_start(data):
