@@ -739,6 +739,7 @@ GroupedLinearKernel`: automatic relevance determination per group).
                 chunk.X, chunk.offsets, compact=self.covariance == "diag"
             )
         chunks, validation_chunks = chunks[: len(groups)], chunks[len(groups) :]
+        centre = self._hyperprior_centre_for(kernel, warm, X_all, is_sparse)
         objective = SparseELBO(
             chunks, fit_inducing, kernel, likelihood, layout,
             n_samples=self.n_samples,
@@ -747,11 +748,7 @@ GroupedLinearKernel`: automatic relevance determination per group).
             pairwise_noise=rng.standard_normal((self.n_samples, n_classes, n_classes)),
             residual_floor=1e-8 * float(np.mean(kernel.diag(X_all))),
             hyperprior_scale=self.hyperprior_scale,
-            # The prior stays at the initial values when a warm start
-            # continues from learned ones.
-            hyperprior_center=(
-                self._initial_kernel(X_all, is_sparse).theta if warm else None
-            ),
+            hyperprior_center=centre,
         )
         bounds = np.full((layout.size, 2), [-np.inf, np.inf])
         if n_theta:
@@ -882,9 +879,21 @@ GroupedLinearKernel`: automatic relevance determination per group).
         )
         self.n_iter_ = result.n_iter
         self._inducing_state = inducing.prepare(self.kernel_)
+        self._hyperprior_centre = np.array(centre)
         self.__dict__.pop("ess_", None)
         self._predict_seed = int(rng.integers(2**63))
         return self
+
+    def _hyperprior_centre_for(self, kernel, warm, X_all, is_sparse):
+        """The hyperprior's centre: the initial ``theta`` of the model's first
+        fit, kept through warm starts and ``partial_fit`` calls (whose data,
+        and so the data-dependent initial kernel, may differ)."""
+        if not warm:
+            return kernel.theta
+        centre = getattr(self, "_hyperprior_centre", None)
+        if centre is None:  # a model from a version that did not keep it
+            centre = self._initial_kernel(X_all, is_sparse).theta
+        return centre
 
     def _check_feature_groups(self, X, n_features):
         """The column groups to use, or None (one variance for all)."""

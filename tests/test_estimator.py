@@ -426,6 +426,24 @@ def test_a_narrow_hyperprior_holds_the_hyperparameters_at_their_start(
     assert held.pairwise_prior_variance_ != 1.0
 
 
+@pytest.mark.filterwarnings("ignore::sklearn.exceptions.ConvergenceWarning")
+def test_hyperprior_centre_is_the_first_fit_s_through_partial_fit(data):
+    # "linear" starts at a variance set by the data; a second batch of
+    # larger features would start elsewhere, but the prior is the model's.
+    X, y, _, _ = data
+    first = _initial_theta(X[:15], y[:15])
+    larger = [3.0 * x for x in X[15:]]
+    assert np.max(np.abs(_initial_theta(larger, y[15:]) - first)) > 1.0
+    model = GPStructClassifier(
+        hyperprior_scale=1e-4, optimizer="stochastic", batch_size=5, **{
+            k: v for k, v in FAST.items() if k != "max_iter"
+        }
+    )
+    model.partial_fit(X[:15], y[:15], classes=[0, 1, 2])
+    model.partial_fit(larger, y[15:])
+    np.testing.assert_allclose(model.kernel_.theta, first, atol=1e-3)
+
+
 def test_prior_units_map_theta_and_its_gradient():
     sl, centre, scale = slice(1, 3), np.array([0.5, -2.0]), 1e-3
     units = estimator_module._PriorUnits(sl, centre, scale)
