@@ -88,7 +88,6 @@ GP_OPTIONS = (
 )
 
 
-
 def build_parser():
     parser = argparse.ArgumentParser(
         description=__doc__.split("\n\n")[0],

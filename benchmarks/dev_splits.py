@@ -92,7 +92,6 @@ from _common import (
     template_features,
     token_error,
 )
-from sklearn.base import clone
 from sklearn.exceptions import ConvergenceWarning
 
 from skgpstruct import GPStructClassifier, chain
@@ -242,17 +241,14 @@ def frozen_refit(model, scale, X, y):
     return refit.fit(X, y)
 
 
-def variance_shifts(model, X, y):
+def variance_shifts(model):
     """log10 of every learned per-template prior variance over its start
-    (the kernel of a fit with the hyperparameters frozen), or None when the
-    fit's kernel has no groups."""
+    (the initial hyperparameters the fit kept as its hyperprior's centre),
+    or None when the fit's kernel has no groups."""
     kernel = model.kernel_
     if not isinstance(kernel, GroupedLinearKernel):
         return None
-    frozen = clone(model).set_params(learn_hyperparameters=False, max_iter=1)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", ConvergenceWarning)
-        start = frozen.fit(X, y).kernel_
+    start = kernel.clone_with_theta(model._hyperprior_centre)
     return np.log10(
         np.asarray(kernel.variance, float) / np.asarray(start.variance, float)
     )
@@ -295,8 +291,8 @@ def run(name, params, data_dir, transitions=False, with_calibration=False,
     ``with_calibration`` the :func:`calibration_figures` of every split, with
     ``variance_scales`` the errors of every :func:`frozen_refit`, and with
     ``ess_iterations`` the error of every :func:`ess_at_learned` (and, with
-    ``with_calibration``, its calibration under :data:`ESS_KEY`); with
-    ``with_variances`` also every split's :func:`variance_shifts`, last."""
+    ``with_calibration``, its calibration under :data:`ESS_KEY`), and with
+    ``with_variances`` every split's :func:`variance_shifts` (else empty)."""
     errors, times, iterations, calibrations, shifts = [], [], [], [], []
     variants = (
         {"decoded with fitted transitions": [], "decoded with unaries only": []}
@@ -316,7 +312,7 @@ def run(name, params, data_dir, transitions=False, with_calibration=False,
         errors.append(token_error(y_test, model.predict(X_test)))
         iterations.append(model.n_iter_)
         if with_variances:
-            shifts.append(variance_shifts(model, X_train, y_train))
+            shifts.append(variance_shifts(model))
         if transitions:
             fitted = model.pairwise_mean_
             for key, pairwise in (
@@ -355,9 +351,7 @@ def run(name, params, data_dir, transitions=False, with_calibration=False,
                 }
         if with_calibration:
             calibrations.append(figures)
-    if with_variances:
-        return errors, times, iterations, variants, calibrations, shifts
-    return errors, times, iterations, variants, calibrations
+    return errors, times, iterations, variants, calibrations, shifts
 
 
 def variances_line(shifts):
@@ -467,7 +461,7 @@ def main(argv=None):
                     flush=True,
                 )
         for params in settings:
-            errors, times, iterations, variants, calibrations, *shifts = run(
+            errors, times, iterations, variants, calibrations, shifts = run(
                 name, params, data_dir, args.transitions, args.calibration,
                 args.variance_scales, args.ess_at_learned, args.variances,
             )
@@ -481,7 +475,7 @@ def main(argv=None):
             if calibrations:
                 print(f"{'':10s}   {calibration_line(calibrations)}", flush=True)
             if shifts:
-                print(f"{'':10s}   {variances_line(shifts[0])}", flush=True)
+                print(f"{'':10s}   {variances_line(shifts)}", flush=True)
     return 0
 
 

@@ -217,13 +217,13 @@ def _values(folds, *keys):
     return out
 
 
-def _wide_grid_ratios(folds):
-    """GP fit time / the wide-grid CRF's selection + refit, per fold that has
-    both (computed here: the steps' JSON hold the two times)."""
+def _time_ratios(folds, peer):
+    """GP fit time / the ``peer`` CRF's selection + refit (``"crf"`` or
+    ``"crf_wide"``), per fold that has both times in its JSON."""
     ratios = []
     for fold in folds:
         gp_time = _gp(fold).get("fit_time")
-        crf_time = (fold.get("crf_wide") or {}).get("total_time")
+        crf_time = (fold.get(peer) or {}).get("total_time")
         if gp_time is not None and crf_time:
             ratios.append(gp_time / crf_time)
     return ratios
@@ -341,8 +341,8 @@ def table1_section(suite, results):
                 name, step.title, _folds_label(folds),
                 _ms([g["fit_time"] for g in gps], unit=" s"), n_iter, converged,
                 _ms(_values(folds, "crf", "total_time"), unit=" s"),
-                _ms(_values(folds, "gp_over_crf_time"), 1, "x"),
-                _ms(_wide_grid_ratios(folds), 1, "x"),
+                _ms(_time_ratios(folds, "crf"), 1, "x"),
+                _ms(_time_ratios(folds, "crf_wide"), 1, "x"),
             ])
         for label, by_step in peers.items():
             if len(set(by_step.values())) == 1:

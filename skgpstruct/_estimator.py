@@ -124,6 +124,26 @@ class _PriorUnits:
         return in_units
 
 
+def _maximize(optimize, value_and_grad, x0, bounds, units, *, rounds=False,
+              **options):
+    """``optimize(value_and_grad, x0, bounds=bounds, **options)``, in the
+    :class:`_PriorUnits` ``units`` unless they are None; the result's ``x``
+    is in the packed coordinates. With ``rounds``, ``value_and_grad`` is
+    :func:`minimize_lbfgs_rounds`' factory ``(round_index, reference)``."""
+    if units is None:
+        return optimize(value_and_grad, x0, bounds=bounds, **options)
+    if rounds:
+        def in_units(index, z):
+            return units.wrap(value_and_grad(index, units.from_units(z)))
+    else:
+        in_units = units.wrap(value_and_grad)
+    result = optimize(
+        in_units, units.to_units(x0), bounds=units.bounds(bounds), **options
+    )
+    result.x = units.from_units(result.x)
+    return result
+
+
 def _make_chunks(sequences, offsets, label_index, groups, seeds):
     """One Chunk per group of sequence indices (rows stacked in group order)."""
     chunks = []
@@ -800,19 +820,11 @@ GroupedLinearKernel`: automatic relevance determination per group).
                     evaluation = objective.evaluate(x, parallel)
                     return evaluation.objective, evaluation.gradient
 
-                units = _PriorUnits.of(objective, layout)
-                if units is None:
-                    result = minimize_lbfgs(
-                        value_and_grad, x0, bounds=bounds, max_iter=self.max_iter,
-                        tol=self.tol, callback=progress,
-                    )
-                else:
-                    result = minimize_lbfgs(
-                        units.wrap(value_and_grad), units.to_units(x0),
-                        bounds=units.bounds(bounds), max_iter=self.max_iter,
-                        tol=self.tol, callback=progress,
-                    )
-                    result.x = units.from_units(result.x)
+                result = _maximize(
+                    minimize_lbfgs, value_and_grad, x0, bounds,
+                    _PriorUnits.of(objective, layout), max_iter=self.max_iter,
+                    tol=self.tol, callback=progress,
+                )
             else:
                 # Score estimator: each round fixes samples drawn from the
                 # posterior at its start and maximises the importance-weighted
@@ -829,23 +841,12 @@ GroupedLinearKernel`: automatic relevance determination per group).
 
                     return value_and_grad
 
-                units = _PriorUnits.of(objective, layout)
-                if units is None:
-                    result = minimize_lbfgs_rounds(
-                        make_value_and_grad, x0, round_size=SCORE_ROUND_SIZE,
-                        bounds=bounds, max_iter=self.max_iter, tol=self.tol,
-                        callback=progress,
-                    )
-                else:
-                    result = minimize_lbfgs_rounds(
-                        lambda index, z: units.wrap(
-                            make_value_and_grad(index, units.from_units(z))
-                        ),
-                        units.to_units(x0), round_size=SCORE_ROUND_SIZE,
-                        bounds=units.bounds(bounds), max_iter=self.max_iter,
-                        tol=self.tol, callback=progress,
-                    )
-                    result.x = units.from_units(result.x)
+                result = _maximize(
+                    minimize_lbfgs_rounds, make_value_and_grad, x0, bounds,
+                    _PriorUnits.of(objective, layout), rounds=True,
+                    round_size=SCORE_ROUND_SIZE, max_iter=self.max_iter,
+                    tol=self.tol, callback=progress,
+                )
         if not result.converged and not partial:
             warnings.warn(
                 f"GPStructClassifier did not converge in {result.n_iter} "

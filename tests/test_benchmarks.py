@@ -316,13 +316,13 @@ def test_frozen_refit_rescales_the_learned_variances(dev_splits):
 
 def test_variance_shifts_are_against_the_initial_variances(dev_splits):
     X, y, shared, _ = _short_fit(0)
-    assert dev_splits.variance_shifts(shared, X, y) is None  # one variance
+    assert dev_splits.variance_shifts(shared) is None  # one variance
     n_features = X[0].shape[1]
     grouped = clone(shared).set_params(feature_groups=np.arange(n_features) % 3)
     with pytest.warns(ConvergenceWarning):
         grouped.fit(X, y)
     learned = np.asarray(grouped.kernel_.variance)
-    shifts = dev_splits.variance_shifts(grouped, X, y)
+    shifts = dev_splits.variance_shifts(grouped)
     # "linear" starts every group at 1 / (1 + the mean squared norm of a
     # training token).
     rows = sp.vstack(X).tocsr() if sp.issparse(X[0]) else np.vstack(X)
