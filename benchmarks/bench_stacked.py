@@ -4,11 +4,14 @@ For the first training chunk (``CHUNK_TOKENS`` tokens, as a fit cuts them)
 of Table 1's fold 0 of every data set, with the CRF++ template features,
 times one evaluation's work on the unary potentials with ``n_samples``
 Monte Carlo samples (default 8): the lone rows' spread, the samples, and
-their gradients, as ``skgpstruct._stacked`` computes them and as scipy's
-sparse products do (``tests/_stacked_reference.py``, the library's code
-before the compiled loops). Prints the milliseconds of each, their ratio,
-and checks that both give the same numbers. Without ``../shared/data``
-(or ``--synthetic``) it uses a synthetic chunk of the same size.
+their gradients, as ``skgpstruct._stacked`` computes them in single
+precision (the estimator's) and in double precision, and as scipy's sparse
+products do (``tests/_stacked_reference.py``, the library's code before
+the compiled loops, in double precision). Prints the milliseconds of each,
+the ratios to the single-precision kernels, and checks that all give the
+same numbers (single precision to its rounding). Without
+``../shared/data`` (or ``--synthetic``) it uses a synthetic chunk of the
+same size.
 
 Run from the repository root::
 
@@ -32,7 +35,8 @@ import _stacked_reference as reference  # noqa: E402
 from _common import seconds_per_call  # noqa: E402
 
 COLUMNS = ("data set", "tokens", "labels", "entries", "drawn entries",
-           "compiled ms", "sparse ms", "sparse / compiled (median)")
+           "compiled ms", "compiled double ms", "sparse ms",
+           "double / compiled (median)", "sparse / compiled (median)")
 
 
 def first_chunk(X, y):
@@ -67,19 +71,20 @@ def synthetic_chunk(rng, n_tokens=CHUNK_TOKENS, n_features=20000, n_labels=17):
     return "synthetic", X, offsets, n_labels
 
 
-def paired_timings(first, second, min_time, rounds=11):
-    """Best seconds per call of each and the median of their per-round ratio.
+def paired_timings(calls, min_time, rounds=11):
+    """Best seconds per call of each, and the medians of the per-round
+    ratios of the others to the first.
 
-    The two run alternately, ``rounds`` times each, so that a slow spell of
-    the machine (a shared virtual machine here) hits both alike.
+    The calls run in turn, ``rounds`` times each, so that a slow spell of
+    the machine (a shared virtual machine here) hits all alike.
     """
-    first(), second()
-    a, b = [], []
-    for _ in range(rounds):
-        a.append(seconds_per_call(first, min_time))
-        b.append(seconds_per_call(second, min_time))
-    ratios = np.array(b) / np.array(a)
-    return min(a), min(b), float(np.median(ratios))
+    for call in calls:
+        call()
+    times = np.array([
+        [seconds_per_call(call, min_time) for call in calls] for _ in range(rounds)
+    ])
+    ratios = np.median(times[:, 1:] / times[:, :1], axis=0)
+    return times.min(axis=0).tolist(), ratios.tolist()
 
 
 def measure(name, X, offsets, n_labels, n_samples, min_time, rng):
@@ -91,20 +96,32 @@ def measure(name, X, offsets, n_labels, n_samples, min_time, rng):
     mean, sd = rng.normal(size=(M, KV)), rng.uniform(0.1, 1.0, size=(M, KV))
     eps = rng.normal(size=(split.drawn.size, KV, S))
     xi, g = rng.normal(size=(2, 1, S, T, KV))
+    # Single-precision values, so that every implementation sees the same.
+    c, mean, sd, eps, xi = (
+        a.astype(np.float32).astype(np.float64) for a in (c, mean, sd, eps, xi)
+    )
     floor = 1e-6
-    args = (*split.by_token, split.entry_drawn)
-    drawn_rows = split.by_row
 
-    def compiled():
-        token_sd = np.empty((T, KV))
-        _stacked.token_sd(*args, c, sd, floor, token_sd)
-        f = np.empty(xi.shape)
-        _stacked.unary(*split.by_token, *drawn_rows, c, mean, sd, token_sd, eps, xi, f)
-        d_cm, d_cs = np.zeros((M, KV)), np.zeros((M, KV))
-        _stacked.backward(
-            *args, *drawn_rows, c, sd, token_sd, eps, xi, g, d_cm, d_cs
-        )
-        return f, d_cm, d_cs
+    def compiled_in(dtype):
+        indptr, inducing_, value = split.by_token
+        row_indptr, row_token, row_value, drawn_rows = split.by_row
+        by_token = (indptr, inducing_, value.astype(dtype))
+        by_row = (row_indptr, row_token, row_value.astype(dtype), drawn_rows)
+        c_, mean_, sd_, eps_, xi_ = (a.astype(dtype) for a in (c, mean, sd, eps, xi))
+
+        def compiled():
+            token_sd = np.empty((T, KV), dtype=dtype)
+            _stacked.token_sd(*by_token, split.entry_drawn, c_, sd_, floor, token_sd)
+            f = np.empty(xi.shape)
+            _stacked.unary(*by_token, *by_row, c_, mean_, sd_, token_sd, eps_, xi_, f)
+            d_cm, d_cs = np.zeros((M, KV)), np.zeros((M, KV))
+            _stacked.backward(
+                *by_token, split.entry_drawn, *by_row, c_, sd_, token_sd, eps_, xi_,
+                g, d_cm, d_cs,
+            )
+            return f, d_cm, d_cs
+
+        return compiled
 
     sparse = reference.sparse_split(split, M)
 
@@ -113,24 +130,27 @@ def measure(name, X, offsets, n_labels, n_samples, min_time, rng):
         f = reference.unary(sparse, c, mean, sd, token_sd, eps, xi)
         return (f, *reference.backward(sparse, c, sd, token_sd, eps, xi, g))
 
-    for a, b in zip(compiled(), with_sparse_products(), strict=True):
-        np.testing.assert_allclose(a, b, rtol=1e-10, atol=1e-10)
-    t_compiled, t_sparse, ratio = paired_timings(
-        compiled, with_sparse_products, min_time
+    single, double = compiled_in(np.float32), compiled_in(np.float64)
+    expected = with_sparse_products()
+    for rtol, compiled in ((1e-5, single), (1e-10, double)):
+        for a, b in zip(compiled(), expected, strict=True):
+            np.testing.assert_allclose(a, b, rtol=rtol, atol=rtol * np.abs(b).max())
+    (t_single, t_double, t_sparse), (r_double, r_sparse) = paired_timings(
+        (single, double, with_sparse_products), min_time
     )
     n_drawn_entries = int(np.count_nonzero(split.entry_drawn >= 0))
     return (name, T, n_labels, int(split.value.size), n_drawn_entries,
-            1e3 * t_compiled, 1e3 * t_sparse, ratio)
+            1e3 * t_single, 1e3 * t_double, 1e3 * t_sparse, r_double, r_sparse)
 
 
 def markdown(rows):
     """The rows as a Markdown table."""
     lines = ["| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
     for row in rows:
-        name, T, V, nnz, drawn, ms_c, ms_s, ratio = row
+        name, T, V, nnz, drawn, ms_c, ms_d, ms_s, r_double, r_sparse = row
         lines.append(
-            f"| {name} | {T} | {V} | {nnz} | {drawn} | {ms_c:.2f} | {ms_s:.2f} "
-            f"| {ratio:.1f}x |"
+            f"| {name} | {T} | {V} | {nnz} | {drawn} | {ms_c:.2f} | {ms_d:.2f} "
+            f"| {ms_s:.2f} | {r_double:.1f}x | {r_sparse:.1f}x |"
         )
     return "\n".join(lines)
 
@@ -162,8 +182,9 @@ def main(argv=None):
     print(
         f"\nOne evaluation's work on the unary potentials of one chunk "
         f"({args.n_samples} samples, one mixture component, one thread): "
-        "spread, samples and gradients. Times: the best of 11 runs of each,\n"
-        "alternating; ratio: the median of the 11 runs' ratios."
+        "spread, samples and gradients. Compiled: single precision, as the\n"
+        "estimator samples. Times: the best of 11 runs of each, in turn; "
+        "ratios: the median of the 11 runs' ratios."
     )
     if args.out:
         from _common import command_line, environment, write_json

@@ -31,12 +31,26 @@ sparse products with blocks of ``K * V * S`` columns (the reference in
 ``tests/_stacked_reference.py``) make several, with their temporaries.
 The per-entry indices (``inducing``, ``drawn``, ``row_token``) are 32-bit:
 there is one per feature entry of the chunk, the bulk of its memory.
+
+Precision: each function is compiled for single and double precision
+(Cython's ``floating``), chosen by the dtype of its inputs: the feature
+values, scales, means and spreads, the base samples (and with them the
+per-token buffers). The estimator samples in single precision: a sample is
+one Monte Carlo draw, whose sampling error (of order ``1/sqrt(S)``) dwarfs
+the rounding (``1e-7`` relative), and single precision halves the memory
+the loops stream through and doubles the width of their vector
+instructions. Double precision is there for the finite-difference tests of
+the gradients. What leaves the kernels is double either way: the samples
+``out`` (for the forward-backward recursions), the gradient ``g`` read back
+from them, and the sums ``d_cm`` and ``d_cs``, which collect a feature's
+entries over the whole chunk.
 Every function trusts its caller for shapes, dtypes and index ranges
 (``skgpstruct.inference.terms`` builds the arrays) and runs without the GIL.
 """
 
 import numpy as np
 
+from cython cimport floating
 from libc.math cimport sqrt
 from libc.stdint cimport int32_t, int64_t
 
@@ -44,52 +58,57 @@ from libc.stdint cimport int32_t, int64_t
 def token_sd(
     const int64_t[::1] indptr,
     const int32_t[::1] inducing,
-    const double[::1] value,
+    const floating[::1] value,
     const int32_t[::1] drawn,
-    const double[::1] c,
-    const double[:, ::1] sd,
+    const floating[::1] c,
+    const floating[:, ::1] sd,
     double floor,
-    double[:, ::1] out,
+    floating[:, ::1] out,
 ):
     """The spread of every token's lone rows, ``out`` (n_tokens, K * V).
 
     ``out[t, kv] = sqrt(floor + sum over the lone entries of t of
-    (u c_m sd[m, kv])^2)``, overwritten.
+    (u c_m sd[m, kv])^2)``, overwritten. The squares are summed in double
+    precision whatever the inputs': in single precision they would
+    overflow once ``u c_m sd`` passes 1.8e19 (a line search's far trial),
+    where the spread itself stays within range.
     """
     cdef Py_ssize_t T = out.shape[0], KV = out.shape[1]
     cdef Py_ssize_t t, j, kv
     cdef int64_t m
-    cdef double w
+    cdef double w, spread
+    cdef double[::1] squares = np.empty(KV)
     with nogil:
         for t in range(T):
             for kv in range(KV):
-                out[t, kv] = floor
+                squares[kv] = floor
             for j in range(indptr[t], indptr[t + 1]):
                 if drawn[j] >= 0:
                     continue
                 m = inducing[j]
-                w = value[j] * c[m]
+                w = <double>value[j] * c[m]
                 w = w * w
                 for kv in range(KV):
-                    out[t, kv] += w * sd[m, kv] * sd[m, kv]
+                    spread = sd[m, kv]
+                    squares[kv] += w * spread * spread
             for kv in range(KV):
-                out[t, kv] = sqrt(out[t, kv])
+                out[t, kv] = <floating>sqrt(squares[kv])
 
 
 def unary(
     const int64_t[::1] indptr,
     const int32_t[::1] inducing,
-    const double[::1] value,
+    const floating[::1] value,
     const int64_t[::1] row_indptr,
     const int32_t[::1] row_token,
-    const double[::1] row_value,
+    const floating[::1] row_value,
     const int64_t[::1] drawn_rows,
-    const double[::1] c,
-    const double[:, ::1] mean,
-    const double[:, ::1] sd,
-    const double[:, ::1] token_sd,
-    const double[:, :, ::1] eps,
-    const double[:, :, :, ::1] xi,
+    const floating[::1] c,
+    const floating[:, ::1] mean,
+    const floating[:, ::1] sd,
+    const floating[:, ::1] token_sd,
+    const floating[:, :, ::1] eps,
+    const floating[:, :, :, ::1] xi,
     double[:, :, :, ::1] out,
 ):
     """Unary samples ``out`` (K, S, n_tokens, V), overwritten.
@@ -101,16 +120,16 @@ def unary(
     """
     cdef Py_ssize_t K = xi.shape[0], S = xi.shape[1], T = xi.shape[2]
     cdef Py_ssize_t V = xi.shape[3], KV = K * V, n_drawn = eps.shape[0]
-    cdef double[::1] mean_t = np.empty(KV)
+    cdef floating[::1] mean_t = np.empty(KV, dtype=np.float32 if floating is float else np.float64)
     # The drawn rows' noise summed per token, (K * V * S) per token.
-    cdef double[:, ::1] noise = np.zeros((T, KV * S))
-    cdef double[::1] scaled_buffer = np.empty(KV * S)
-    cdef double* scaled = &scaled_buffer[0]
-    cdef double* acc
-    cdef const double* row
+    cdef floating[:, ::1] noise = np.zeros((T, KV * S), dtype=np.float32 if floating is float else np.float64)
+    cdef floating[::1] scaled_buffer = np.empty(KV * S, dtype=np.float32 if floating is float else np.float64)
+    cdef floating* scaled = &scaled_buffer[0]
+    cdef floating* acc
+    cdef const floating* row
     cdef Py_ssize_t t, j, k, v, kv, s, n
     cdef int64_t m, i
-    cdef double u, w
+    cdef floating u, w
     with nogil:
         for i in range(n_drawn):
             # The row's noise times c sd, then added, times u, into each of
@@ -149,17 +168,17 @@ def unary(
 def backward(
     const int64_t[::1] indptr,
     const int32_t[::1] inducing,
-    const double[::1] value,
+    const floating[::1] value,
     const int32_t[::1] drawn,
     const int64_t[::1] row_indptr,
     const int32_t[::1] row_token,
-    const double[::1] row_value,
+    const floating[::1] row_value,
     const int64_t[::1] drawn_rows,
-    const double[::1] c,
-    const double[:, ::1] sd,
-    const double[:, ::1] token_sd,
-    const double[:, :, ::1] eps,
-    const double[:, :, :, ::1] xi,
+    const floating[::1] c,
+    const floating[:, ::1] sd,
+    const floating[:, ::1] token_sd,
+    const floating[:, :, ::1] eps,
+    const floating[:, :, :, ::1] xi,
     const double[:, :, :, ::1] g,
     double[:, ::1] d_cm,
     double[:, ::1] d_cs,
@@ -177,15 +196,15 @@ def backward(
     cdef Py_ssize_t K = xi.shape[0], S = xi.shape[1], T = xi.shape[2]
     cdef Py_ssize_t V = xi.shape[3], KV = K * V, n_drawn = eps.shape[0]
     # g per token as (K * V * S), the layout of a drawn row's noise.
-    cdef double[:, ::1] g_t = np.empty((T, KV * S))
-    cdef double[::1] g_sum = np.empty(KV)
-    cdef double[::1] g_xi = np.empty(KV)
-    cdef double[::1] row_g_buffer = np.empty(KV * S)
-    cdef double* row_g = &row_g_buffer[0]
-    cdef const double* row
+    cdef floating[:, ::1] g_t = np.empty((T, KV * S), dtype=np.float32 if floating is float else np.float64)
+    cdef floating[::1] g_sum = np.empty(KV, dtype=np.float32 if floating is float else np.float64)
+    cdef floating[::1] g_xi = np.empty(KV, dtype=np.float32 if floating is float else np.float64)
+    cdef floating[::1] row_g_buffer = np.empty(KV * S, dtype=np.float32 if floating is float else np.float64)
+    cdef floating* row_g = &row_g_buffer[0]
+    cdef const floating* row
     cdef Py_ssize_t t, j, k, v, kv, s, n
     cdef int64_t m, i
-    cdef double u, acc, spread
+    cdef floating u, acc, spread
     with nogil:
         for t in range(T):
             for k in range(K):

@@ -28,13 +28,14 @@ def sparse_split(split, n_inducing):
     T = split.n_tokens
     token = np.repeat(np.arange(T), np.diff(split.indptr))
     is_drawn = split.entry_drawn >= 0
+    value = split.value.astype(np.float64)  # stored in single precision
     lone = sp.csr_matrix(
-        (split.value[~is_drawn], (token[~is_drawn], split.inducing[~is_drawn])),
+        (value[~is_drawn], (token[~is_drawn], split.inducing[~is_drawn])),
         shape=(T, n_inducing),
     )
     n_drawn = split.drawn.size
     U_drawn = sp.csr_matrix(
-        (split.value[is_drawn], (split.entry_drawn[is_drawn], token[is_drawn])),
+        (value[is_drawn], (split.entry_drawn[is_drawn], token[is_drawn])),
         shape=(n_drawn, T),
     )
     gather = sp.csr_matrix(

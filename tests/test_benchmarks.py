@@ -445,20 +445,19 @@ def test_bench_stacked_on_a_synthetic_chunk(bench_stacked, capsys):
         rng, n_tokens=300, n_features=500, n_labels=4
     )
     assert X.shape == (offsets[-1], 500) and np.all(X.data == 1.0)
-    # measure() asserts that both implementations agree before timing them.
+    # measure() asserts that the three implementations agree before timing.
     row = bench_stacked.measure(name, X, offsets, n_labels, 3, 1e-3, rng)
     assert row[:3] == ("synthetic", offsets[-1], 4)
     assert row[3] == X.nnz + offsets[-1]  # every feature entry and the bias
     assert 0 < row[4] < row[3]
-    assert row[5] > 0 and row[6] > 0 and row[7] > 0
+    assert all(value > 0 for value in row[5:])
     table = bench_stacked.markdown([row])
     assert table.count("\n") == 2 and "| synthetic | " in table
-    # The paired timing alternates the two and pairs their runs.
+    # The paired timing runs the calls in turn and pairs their runs.
     calls = []
-    first = lambda: calls.append("a")  # noqa: E731
-    second = lambda: calls.append("b")  # noqa: E731
-    bench_stacked.paired_timings(first, second, 0.0, rounds=3)
-    assert calls == ["a", "b"] * 4
+    calls_of = [lambda name=name: calls.append(name) for name in "abc"]
+    bench_stacked.paired_timings(calls_of, 0.0, rounds=3)
+    assert calls == ["a", "b", "c"] * 4
 
 
 def test_profile_fit_sums_a_function_s_cumulative_time(profile_fit):

@@ -175,6 +175,12 @@ class SparseELBO:
     hyperprior_center : ndarray of shape (layout.n_theta,) or None
         The prior's centre (the initial ``theta``); the kernel's ``theta``
         when None.
+    sample_dtype : {numpy.float32, numpy.float64}, default=numpy.float32
+        Precision of the unary samples of the compiled stacked form
+        (``skgpstruct._stacked``); the objective and gradients are summed
+        in double precision either way. Double precision is for checking
+        the gradients by finite differences, which single precision's
+        rounding would swamp.
     """
 
     def __init__(
@@ -192,6 +198,7 @@ class SparseELBO:
         residual_floor,
         hyperprior_scale=None,
         hyperprior_center=None,
+        sample_dtype=np.float32,
     ):
         self.chunks = chunks
         self.inducing = inducing
@@ -204,6 +211,7 @@ class SparseELBO:
         self.pairwise_noise = pairwise_noise
         self.residual_floor = residual_floor
         self.hyperprior_scale = hyperprior_scale
+        self.sample_dtype = np.dtype(sample_dtype).type
         self.hyperprior_center = (
             np.array(kernel.theta if hyperprior_center is None else hyperprior_center)
             if hyperprior_scale is not None and layout.n_theta else None
@@ -418,6 +426,7 @@ class SparseELBO:
             residual_floor=self.residual_floor,
             iteration_key=iteration_key,
             reference=self._reference(reference),
+            sample_dtype=self.sample_dtype,
         )
 
     def _unpacked(self, vector):

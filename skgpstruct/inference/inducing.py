@@ -178,8 +178,9 @@ class RowSplit:
     token or at several) are *drawn*, each with its own noise. The nonzero
     entries of ``U`` are listed token by token (CSR style), which is how
     the compiled kernels of ``skgpstruct._stacked`` read them. The arrays
-    with one index per entry are 32-bit: they are most of a chunk's
-    memory (on ``bench_scale.py``'s data, 100 active features per token).
+    with one index or value per entry are 32-bit: they are most of a
+    chunk's memory (on ``bench_scale.py``'s data, 100 active features per
+    token). The values are single precision, as the kernels sample in it.
 
     Attributes
     ----------
@@ -191,7 +192,7 @@ class RowSplit:
         Token ``t``'s entries are ``indptr[t]:indptr[t + 1]``.
     inducing : ndarray of int32
         Every entry's inducing variable.
-    value : ndarray of float64
+    value : ndarray of float32
         Every entry's value (the feature's value at that token).
     entry_drawn : ndarray of int32
         Every entry's position in ``drawn``, or -1 for a lone row.
@@ -201,7 +202,7 @@ class RowSplit:
         ``row_value``.
     row_token : ndarray of int32
         The token of each of those entries.
-    row_value : ndarray of float64
+    row_value : ndarray of float32
         Its value.
     """
 
@@ -264,11 +265,11 @@ class RowSplit:
             rows[drawn],
             indptr,
             inducing,
-            np.ascontiguousarray(entries.data[by_token], dtype=np.float64),
+            np.ascontiguousarray(entries.data[by_token], dtype=np.float32),
             position[row_of],
             U_drawn.indptr.astype(np.int64),
             U_drawn.indices.astype(np.int32),
-            U_drawn.data.astype(np.float64),
+            U_drawn.data.astype(np.float32),
         )
 
 

@@ -150,6 +150,7 @@ class SharedState:
     iteration_key: int = 0  # 0 in batch mode (fixed base samples)
     control_variate: bool = True  # score estimator only
     reference: object = None  # score estimator: ReferencePosterior or None
+    sample_dtype: type = np.float32  # of the stacked form's samples
 
 
 @dataclass
@@ -418,11 +419,14 @@ def expand_local(chunk, shared, local, iteration_key):
     if stacked is not None:
         _, S, T, _ = local.shape
         eps, xi = _stacked_noise(
-            params, stacked, S, _chunk_rng(chunk, iteration_key), T
+            params, stacked, S, _chunk_rng(chunk, iteration_key), T,
+            shared.sample_dtype,
         )
-        state = _stacked_state(params, stacked, shared.residual_floor)
+        state = _stacked_state(
+            params, stacked, shared.residual_floor, shared.sample_dtype
+        )
         return _stacked_inducing_gradient(
-            state, *_stacked_backward(stacked, state, local, eps, xi),
+            state, *_stacked_backward(state, local, eps, xi),
             params.q_mu.shape,
         )
     projection = shared.inducing.project(
@@ -504,16 +508,19 @@ def _pathwise_summary(shared, log_p, g_pair):
     }
 
 
-def _stacked_noise(params, stacked, S, rng, n_tokens):
-    """Base samples of the stacked form.
+def _stacked_noise(params, stacked, S, rng, n_tokens, dtype):
+    """Base samples of the stacked form, of ``dtype``.
 
     Returns ``eps`` (n_drawn, K * V, S), the noise of the drawn rows, and
     ``xi`` (K, S, n_tokens, V), the noise of every token's lone rows and
     residual floor (see :class:`~skgpstruct.inference.inducing.StackedProjection`).
     """
     K, V, _ = params.q_mu.shape
+    # Drawn in double precision and rounded: the precision changes the
+    # rounding of the samples, not the draw.
     eps = rng.standard_normal((stacked.split.drawn.size, K * V, S))
-    return eps, rng.standard_normal((K, S, n_tokens, V))
+    xi = rng.standard_normal((K, S, n_tokens, V))
+    return eps.astype(dtype, copy=False), xi.astype(dtype, copy=False)
 
 
 @dataclass
@@ -522,51 +529,72 @@ class _StackedForward:
 
     ``mean`` and ``sd``: q_mu and q_sqrt as (n_inducing, K * V); ``c`` the
     feature scales (n_inducing,); ``token_sd`` (n_tokens, K * V) the
-    standard deviation of each token's lone rows (with the residual floor).
+    standard deviation of each token's lone rows (with the residual floor);
+    ``by_token``, ``entry_drawn`` and ``by_row`` the chunk's entries
+    (:class:`~skgpstruct.inference.inducing.RowSplit`). All in the precision
+    of the samples, as the kernels take them; ``c64`` the scales in double
+    precision, for the gradients.
     """
 
     mean: np.ndarray
     sd: np.ndarray
     c: np.ndarray
     token_sd: np.ndarray
+    c64: np.ndarray
+    by_token: tuple
+    entry_drawn: np.ndarray
+    by_row: tuple
 
 
-def _stacked_state(params, stacked, residual_floor):
+def _stacked_state(params, stacked, residual_floor, dtype):
     """The parameters as (n_inducing, K * V) and each token's lone-row spread."""
     K, V, M = params.q_mu.shape
-    mean = np.ascontiguousarray(params.q_mu.transpose(2, 0, 1).reshape(M, K * V))
-    sd = np.ascontiguousarray(params.q_sqrt.transpose(2, 0, 1).reshape(M, K * V))
-    c = np.ascontiguousarray(stacked.scales, dtype=np.float64)
+
+    def by_inducing(a):
+        # Beyond single precision's range a value becomes inf, and the
+        # samples with it: _pathwise_stacked then rejects the point.
+        with np.errstate(over="ignore"):
+            return np.ascontiguousarray(a.transpose(2, 0, 1).reshape(M, K * V), dtype)
+
     split = stacked.split
-    token_sd = np.empty((split.n_tokens, K * V))
+    indptr, inducing, value = split.by_token
+    by_token = (indptr, inducing, value.astype(dtype, copy=False))
+    row_indptr, row_token, row_value, drawn_rows = split.by_row
+    by_row = (row_indptr, row_token, row_value.astype(dtype, copy=False), drawn_rows)
+    sd = by_inducing(params.q_sqrt)
+    c64 = np.ascontiguousarray(stacked.scales, dtype=np.float64)
+    with np.errstate(over="ignore"):  # as in by_inducing
+        c = c64.astype(dtype, copy=False)
+    token_sd = np.empty((split.n_tokens, K * V), dtype=dtype)
     stacked_kernels.token_sd(
-        *split.by_token, split.entry_drawn, c, sd, float(residual_floor), token_sd
+        *by_token, split.entry_drawn, c, sd, float(residual_floor), token_sd
     )
-    return _StackedForward(mean, sd, c, token_sd)
+    return _StackedForward(
+        by_inducing(params.q_mu), sd, c, token_sd, c64, by_token,
+        split.entry_drawn, by_row,
+    )
 
 
-def _stacked_unary(stacked, state, eps, xi):
+def _stacked_unary(state, eps, xi):
     """Unary samples (K, S, n_tokens, V), C-ordered (``skgpstruct._stacked``)."""
-    split = stacked.split
     unary = np.empty(xi.shape)
     stacked_kernels.unary(
-        *split.by_token, *split.by_row, state.c, state.mean, state.sd,
+        *state.by_token, *state.by_row, state.c, state.mean, state.sd,
         state.token_sd, eps, xi, unary,
     )
     return unary
 
 
-def _stacked_backward(stacked, state, g_unary, eps, xi):
+def _stacked_backward(state, g_unary, eps, xi):
     """Gradients of the stacked form from the token gradient g (K, S, T, V).
 
     Returns ``d_cm`` and ``d_cs``, each (n_inducing, K * V): the derivatives
     with respect to ``c * q_mu`` and ``c * q_sqrt`` (see
     ``skgpstruct._stacked.backward``).
     """
-    split = stacked.split
-    d_cm, d_cs = np.zeros_like(state.mean), np.zeros_like(state.mean)
+    d_cm, d_cs = np.zeros(state.mean.shape), np.zeros(state.mean.shape)
     stacked_kernels.backward(
-        *split.by_token, split.entry_drawn, *split.by_row, state.c, state.sd,
+        *state.by_token, state.entry_drawn, *state.by_row, state.c, state.sd,
         state.token_sd, eps, xi, np.ascontiguousarray(g_unary, dtype=np.float64),
         d_cm, d_cs,
     )
@@ -576,7 +604,7 @@ def _stacked_backward(stacked, state, g_unary, eps, xi):
 def _stacked_inducing_gradient(state, d_cm, d_cs, shape):
     """q_mu and q_sqrt gradients of ``shape`` (K, V, n_inducing)."""
     K, V, M = shape
-    c = state.c[:, None]
+    c = state.c64[:, None]
     grad_mu = (c * d_cm).reshape(M, K, V).transpose(1, 2, 0)
     grad_sqrt = (c * d_cs).reshape(M, K, V).transpose(1, 2, 0)
     return np.ascontiguousarray(grad_mu), np.ascontiguousarray(grad_sqrt)
@@ -596,28 +624,38 @@ def _pathwise_stacked(chunk, shared, stacked, rng, cache=None, local=False):
     K, V, _ = params.q_mu.shape
     S = shared.n_samples
     offsets, T = chunk.offsets, chunk.n_tokens
-    key = ("stacked", K, V, S)
+    dtype = shared.sample_dtype
+    key = ("stacked", K, V, S, dtype)
     if cache is not None and key in cache:
         eps, xi = cache[key]
     else:
-        eps, xi = _stacked_noise(params, stacked, S, rng, T)
+        eps, xi = _stacked_noise(params, stacked, S, rng, T, dtype)
         if cache is not None and eps.nbytes + xi.nbytes <= NOISE_CACHE_BYTES:
             cache[key] = (eps, xi)
-    state = _stacked_state(params, stacked, shared.residual_floor)
-    unary = _stacked_unary(stacked, state, eps, xi)
+    state = _stacked_state(params, stacked, shared.residual_floor, dtype)
+    unary = _stacked_unary(state, eps, xi)
     pairwise = _tile_pairwise(params, shared.pairwise_noise, K)
-    log_p, g_unary, g_pair = shared.likelihood.log_prob_and_gradient(
-        unary.reshape(K * S, T, V), pairwise, offsets, chunk.labels
-    )
+    if np.all(np.isfinite(unary)):
+        log_p, g_unary, g_pair = shared.likelihood.log_prob_and_gradient(
+            unary.reshape(K * S, T, V), pairwise, offsets, chunk.labels
+        )
+    else:
+        # Single precision overflowed (beyond 3.4e38: a line search's far
+        # trial, which double precision would have scored hugely negative).
+        # The ELL there is -inf and the gradients NaN: a rejected trial.
+        log_p = np.full((K * S, chunk.n_sequences), -np.inf)
+        g_unary = np.full((K * S, T, V), np.nan)
+        g_pair = np.full((K * S, chunk.n_sequences, V, V), np.nan)
     log_p = log_p.reshape(K, S, chunk.n_sequences)
     g_unary = g_unary.reshape(K, S, T, V) * (params.weights / S)[:, None, None, None]
-    d_cm, d_cs = _stacked_backward(stacked, state, g_unary, eps, xi)
+    d_cm, d_cs = _stacked_backward(state, g_unary, eps, xi)
     grad_mu, grad_sqrt = _stacked_inducing_gradient(
         state, d_cm, d_cs, params.q_mu.shape
     )
-    # d c = m . d_cm + s . d_cs, per inducing variable
-    d_scales = np.einsum("mc,mc->m", state.mean, d_cm) + np.einsum(
-        "mc,mc->m", state.sd, d_cs
+    # d c = m . d_cm + s . d_cs, per inducing variable (m and s in double)
+    M = d_cm.shape[0]
+    d_scales = np.einsum("kvm,mkv->m", params.q_mu, d_cm.reshape(M, K, V)) + np.einsum(
+        "kvm,mkv->m", params.q_sqrt, d_cs.reshape(M, K, V)
     )
     out = _pathwise_summary(shared, log_p, g_pair)
     out["q_mu"], out["q_sqrt"] = grad_mu, grad_sqrt
