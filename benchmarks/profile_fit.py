@@ -64,17 +64,27 @@ def lone_feature_line(X):
     )
 
 
+def estimator_settings(settings):
+    """The estimator's parameters: ``random_state=0`` and every ``--setting``
+    merged in order (a later one overrides an earlier one's names)."""
+    merged = {"random_state": 0}
+    for setting in settings:
+        merged.update(setting)
+    return merged
+
+
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--dataset", choices=list(DATASETS), default="JapaneseNE")
     parser.add_argument("--fold", type=int, default=0)
-    parser.add_argument("--setting", default="", type=parse_setting,
-                        help="estimator parameters, name=value ...")
+    parser.add_argument("--setting", action="append", default=[], type=parse_setting,
+                        help="estimator parameters, name=value ... (repeatable: "
+                             "the settings are merged)")
     parser.add_argument("--data", default=str(DEFAULT_DATA_DIR), metavar="DIR")
     parser.add_argument("--top", type=int, default=15)
     args = parser.parse_args(argv)
     X, y = table1_training_set(args.data, DATASETS[args.dataset], args.fold)
-    model = GPStructClassifier(**{"random_state": 0, **args.setting})
+    model = GPStructClassifier(**estimator_settings(args.setting))
     profile = cProfile.Profile()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")

@@ -460,6 +460,18 @@ def test_bench_stacked_on_a_synthetic_chunk(bench_stacked, capsys):
     assert calls == ["a", "b", "c"] * 4
 
 
+def test_profile_fit_merges_repeated_settings(profile_fit):
+    # --setting may be repeated; every one counts (it once kept the last).
+    parse = profile_fit.parse_setting
+    settings = [
+        parse("optimizer=stochastic batch_size=2"), parse("tol=1e-3 batch_size=4")
+    ]
+    assert profile_fit.estimator_settings(settings) == {
+        "random_state": 0, "optimizer": "stochastic", "batch_size": 4, "tol": 1e-3,
+    }
+    assert profile_fit.estimator_settings([]) == {"random_state": 0}
+
+
 def test_profile_fit_sums_a_function_s_cumulative_time(profile_fit):
     import cProfile
     import pstats
