@@ -103,10 +103,7 @@ def measure(name, X, offsets, n_labels, n_samples, min_time, rng):
     floor = 1e-6
 
     def compiled_in(dtype):
-        indptr, inducing_, value = split.by_token
-        row_indptr, row_token, row_value, drawn_rows = split.by_row
-        by_token = (indptr, inducing_, value.astype(dtype))
-        by_row = (row_indptr, row_token, row_value.astype(dtype), drawn_rows)
+        by_token, by_row = split.entries(dtype)
         c_, mean_, sd_, eps_, xi_ = (a.astype(dtype) for a in (c, mean, sd, eps, xi))
 
         def compiled():

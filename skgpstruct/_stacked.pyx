@@ -55,6 +55,11 @@ from libc.math cimport sqrt
 from libc.stdint cimport int32_t, int64_t
 
 
+cdef inline object _dtype(floating zero):
+    """The NumPy dtype of a specialisation's buffers (``zero`` selects it)."""
+    return np.float32 if floating is float else np.float64
+
+
 def token_sd(
     const int64_t[::1] indptr,
     const int32_t[::1] inducing,
@@ -120,10 +125,10 @@ def unary(
     """
     cdef Py_ssize_t K = xi.shape[0], S = xi.shape[1], T = xi.shape[2]
     cdef Py_ssize_t V = xi.shape[3], KV = K * V, n_drawn = eps.shape[0]
-    cdef floating[::1] mean_t = np.empty(KV, dtype=np.float32 if floating is float else np.float64)
+    cdef floating[::1] mean_t = np.empty(KV, dtype=_dtype(<floating>0))
     # The drawn rows' noise summed per token, (K * V * S) per token.
-    cdef floating[:, ::1] noise = np.zeros((T, KV * S), dtype=np.float32 if floating is float else np.float64)
-    cdef floating[::1] scaled_buffer = np.empty(KV * S, dtype=np.float32 if floating is float else np.float64)
+    cdef floating[:, ::1] noise = np.zeros((T, KV * S), dtype=_dtype(<floating>0))
+    cdef floating[::1] scaled_buffer = np.empty(KV * S, dtype=_dtype(<floating>0))
     cdef floating* scaled = &scaled_buffer[0]
     cdef floating* acc
     cdef const floating* row
@@ -196,10 +201,10 @@ def backward(
     cdef Py_ssize_t K = xi.shape[0], S = xi.shape[1], T = xi.shape[2]
     cdef Py_ssize_t V = xi.shape[3], KV = K * V, n_drawn = eps.shape[0]
     # g per token as (K * V * S), the layout of a drawn row's noise.
-    cdef floating[:, ::1] g_t = np.empty((T, KV * S), dtype=np.float32 if floating is float else np.float64)
-    cdef floating[::1] g_sum = np.empty(KV, dtype=np.float32 if floating is float else np.float64)
-    cdef floating[::1] g_xi = np.empty(KV, dtype=np.float32 if floating is float else np.float64)
-    cdef floating[::1] row_g_buffer = np.empty(KV * S, dtype=np.float32 if floating is float else np.float64)
+    cdef floating[:, ::1] g_t = np.empty((T, KV * S), dtype=_dtype(<floating>0))
+    cdef floating[::1] g_sum = np.empty(KV, dtype=_dtype(<floating>0))
+    cdef floating[::1] g_xi = np.empty(KV, dtype=_dtype(<floating>0))
+    cdef floating[::1] row_g_buffer = np.empty(KV * S, dtype=_dtype(<floating>0))
     cdef floating* row_g = &row_g_buffer[0]
     cdef const floating* row
     cdef Py_ssize_t t, j, k, v, kv, s, n

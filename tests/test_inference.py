@@ -492,6 +492,10 @@ def test_row_split_keeps_its_per_entry_indices_in_32_bits():
         assert getattr(split, name).dtype == np.int32, name
     for name in ("value", "row_value"):
         assert getattr(split, name).dtype == np.float32, name
+    # In single precision the kernels read the stored values, not copies.
+    by_token, by_row = split.entries(np.float32)
+    assert by_token[2] is split.value and by_row[2] is split.row_value
+    assert by_token[2] is not split.entries(np.float64)[0][2]
     # the same entries as the stacked matrix, token by token
     token = np.repeat(np.arange(split.n_tokens), np.diff(split.indptr))
     dense = np.zeros((split.n_tokens, 6))
@@ -534,7 +538,7 @@ def test_stacked_kernels_against_dense_products():
 
     expected, expected_sd = dense_unary(mean, sd)
     token_sd = np.empty((T, K * V))
-    by_token, by_row = _split_entries(split, np.float64)
+    by_token, by_row = split.entries(np.float64)
     args = (*by_token, split.entry_drawn)
     stacked_kernels.token_sd(*args, c, sd, floor, token_sd)
     np.testing.assert_allclose(token_sd, expected_sd, rtol=1e-13)
@@ -566,17 +570,6 @@ def test_stacked_kernels_against_dense_products():
                 (up - down) / (2 * h), rel=1e-6, abs=1e-8
             )
     assert np.count_nonzero(d_cs) > M  # not vacuous
-
-
-def _split_entries(split, dtype):
-    """A RowSplit's ``by_token`` and ``by_row`` with the values in ``dtype``
-    (as ``terms._stacked_state`` passes them to the kernels)."""
-    indptr, inducing, value = split.by_token
-    row_indptr, row_token, row_value, drawn_rows = split.by_row
-    return (
-        (indptr, inducing, value.astype(dtype)),
-        (row_indptr, row_token, row_value.astype(dtype), drawn_rows),
-    )
 
 
 @pytest.mark.parametrize("dtype", [np.float64, np.float32])
@@ -613,7 +606,7 @@ def test_stacked_kernels_against_the_sparse_product_reference(dtype):
 
     reference = stacked_reference.sparse_split(split, M)
     expected_sd = stacked_reference.token_sd(reference, c, sd, floor)
-    by_token, by_row = _split_entries(split, dtype)
+    by_token, by_row = split.entries(dtype)
     args = (*by_token, split.entry_drawn)
     token_sd = np.empty((T, K * V), dtype=dtype)
     stacked_kernels.token_sd(*args, *rounded(c, sd), floor, token_sd)

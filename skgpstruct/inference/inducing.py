@@ -231,6 +231,17 @@ class RowSplit:
         entries row by row, and their inducing variables."""
         return self.row_indptr, self.row_token, self.row_value, self.drawn_rows
 
+    def entries(self, dtype=np.float32):
+        """``(by_token, by_row)`` with the values in ``dtype``, as the kernels
+        of ``skgpstruct._stacked`` take them in that precision (the stored
+        arrays themselves in single precision, copies in double)."""
+        indptr, inducing, value = self.by_token
+        row_indptr, row_token, row_value, drawn_rows = self.by_row
+        return (
+            (indptr, inducing, value.astype(dtype, copy=False)),
+            (row_indptr, row_token, row_value.astype(dtype, copy=False), drawn_rows),
+        )
+
     @classmethod
     def of(cls, U, rows, n_inducing):
         """Split the stacked rows of ``U`` (CSR, rows x tokens).

@@ -557,10 +557,7 @@ def _stacked_state(params, stacked, residual_floor, dtype):
             return np.ascontiguousarray(a.transpose(2, 0, 1).reshape(M, K * V), dtype)
 
     split = stacked.split
-    indptr, inducing, value = split.by_token
-    by_token = (indptr, inducing, value.astype(dtype, copy=False))
-    row_indptr, row_token, row_value, drawn_rows = split.by_row
-    by_row = (row_indptr, row_token, row_value.astype(dtype, copy=False), drawn_rows)
+    by_token, by_row = split.entries(dtype)
     sd = by_inducing(params.q_sqrt)
     c64 = np.ascontiguousarray(stacked.scales, dtype=np.float64)
     with np.errstate(over="ignore"):  # as in by_inducing
