@@ -668,6 +668,7 @@ def fit_gp(params, verbose, X_train, y_train, X_test, y_test):
         with Stopwatch() as predict:
             y_pred = gp.predict(X_test)
         marginals = gp.predict_marginals(X_test)
+        history = getattr(gp, "elbo_history_", [])
     except Exception as exc:  # noqa: BLE001 - recorded and reported
         traceback.print_exc()
         return {
@@ -681,8 +682,9 @@ def fit_gp(params, verbose, X_train, y_train, X_test, y_test):
         "predict_time": predict.seconds,
         "n_iter": int(gp.n_iter_),
         "converged": converged,
-        "elbo": float(gp.elbo_history_[-1]) if gp.elbo_history_ else None,
-        "elbo_history": [float(v) for v in gp.elbo_history_],
+        # inference="ess" keeps no ELBO history (it samples)
+        "elbo": float(history[-1]) if history else None,
+        "elbo_history": [float(v) for v in history],
         "calibration": calibration(y_test, marginals, list(gp.classes_)),
     }
     if hasattr(gp, "saga_memory_bytes_"):

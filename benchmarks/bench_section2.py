@@ -20,15 +20,30 @@ repetition runs
     public API gives no error after each epoch, and a warm-started
     continuation would restart the step-size schedule, so refits are the
     honest way to draw the curve (they cost the sum of the budgets);
-(c) sklearn-crfsuite (L-BFGS, c1=0) with c2 = 0.1 and c2 = 1, the two
+(c) the piecewise pseudo-likelihood (``likelihood="pseudo"``): one batch
+    fit, and one stochastic fit at the longest epoch budget
+    (``--no-pseudo`` skips both);
+(d) GPstruct's sampler, ``inference="ess"`` with ``ess_n_iter`` from
+    ``--ess-n-iter`` (default: the estimator's 10,000), at the
+    hyperparameters the estimator's own variational fit learns (its fit
+    time includes that fit; ``--no-ess`` skips it). It needs the dense Gram
+    matrix of the training tokens and its Cholesky factor: about 2.2 GB at
+    11,700 tokens;
+(e) sklearn-crfsuite (L-BFGS, c1=0) with c2 = 0.1 and c2 = 1, the two
     values the paper and BENCHMARK.md report, and with c2 chosen by 3-fold
     inner cross-validation over {0.01, 0.1, 1, 10} (``--no-crf-cv`` skips
-    it).
+    it);
+(f) a per-token ``LogisticRegression`` on the same features, ``C`` chosen by
+    the same inner cross-validation over {0.01, 0.1, 1, 10, 100}
+    (``--no-lr`` skips it).
 
 It prints per repetition and as mean (std over repetitions, ddof=1) the
 token error %, the fit times, the GP's time to its final error (stochastic:
 the time of the shortest epoch budget whose error is no worse than the
-longest budget's) and GP time / CRF time ratios, then the exact command.
+longest budget's), GP time / CRF time ratios, and the calibration of every
+model's per-token marginals (mean negative log-probability of the true
+label, expected calibration error of the top label), then the exact
+command.
 
 Examples
 --------
@@ -53,7 +68,10 @@ from _common import (
     QUOTED_SECTION2,
     DataSet,
     Stopwatch,
+    _crf_marginals,
     _fit_crf,
+    calibration,
+    calibration_text,
     check_data_dir,
     command_line,
     crfsuite_available,
@@ -63,6 +81,7 @@ from _common import (
     load_pool,
     markdown_table,
     run_crfsuite,
+    run_logreg,
     take,
     template_features,
     to_crfsuite,
@@ -82,6 +101,7 @@ DEFAULT_RANDOM_STATE = 0
 QUICK_N_TRAIN = 100
 QUICK_MAX_ITER = 20
 QUICK_EPOCHS = (1, 2)
+QUICK_ESS_N_ITER = 200
 
 # GP options exposed on the command line (flag --n-inducing -> n_inducing),
 # shared by the batch and the stochastic fits. max_iter is per optimiser.
@@ -131,8 +151,14 @@ def build_parser():
                         help="skip the GP with optimizer='lbfgs'")
     parser.add_argument("--no-stochastic", action="store_true",
                         help="skip the GP with optimizer='stochastic'")
+    parser.add_argument("--no-pseudo", action="store_true",
+                        help="skip the GP fits of the pseudo-likelihood")
+    parser.add_argument("--no-ess", action="store_true",
+                        help="skip the GP with inference='ess'")
     parser.add_argument("--no-crf-cv", action="store_true",
                         help="skip the CRF with c2 chosen by inner CV")
+    parser.add_argument("--no-lr", action="store_true",
+                        help="skip the per-token logistic regression")
     parser.add_argument(
         "-v", "--verbose", action="store_true",
         help="print the GP's ELBO progress lines",
@@ -144,6 +170,11 @@ def build_parser():
         "--epochs", nargs="+", type=int, metavar="K",
         help="epoch budgets (max_iter) of the stochastic GP, one fit each "
         f"(default {' '.join(map(str, DEFAULT_EPOCHS))})",
+    )
+    gp.add_argument(
+        "--ess-n-iter", type=int, metavar="N",
+        help="iterations of the ESS fit (default: the estimator's 10000; "
+        f"{QUICK_ESS_N_ITER} with --quick)",
     )
     gp.add_argument("--batch-size", type=int, metavar="B",
                     help="sequences per SAGA mini-batch")
@@ -161,7 +192,11 @@ def build_parser():
 
 
 def settings(args):
-    """(reps, n_train, shared GP params, batch max_iter or None, epochs)."""
+    """(reps, n_train, shared GP params, batch max_iter or None, epochs).
+
+    Also sets ``args.ess_n_iter`` to the ESS fit's iterations (None: the
+    estimator's default).
+    """
     reps = args.reps if args.reps is not None else list(range(5))
     n_train = args.n_train
     max_iter, epochs = args.max_iter, args.epochs
@@ -170,6 +205,10 @@ def settings(args):
         n_train = QUICK_N_TRAIN if n_train is None else n_train
         max_iter = QUICK_MAX_ITER if max_iter is None else max_iter
         epochs = list(QUICK_EPOCHS) if epochs is None else epochs
+        if args.ess_n_iter is None:
+            args.ess_n_iter = QUICK_ESS_N_ITER
+    if args.ess_n_iter is not None and args.ess_n_iter < 1:
+        sys.exit(f"--ess-n-iter must be positive, got {args.ess_n_iter}")
     n_train = BASENP_ALL.n_train if n_train is None else n_train
     if not 1 <= n_train <= BASENP_ALL.n_train:
         sys.exit(f"--n-train must be in 1..{BASENP_ALL.n_train}, got {n_train}")
@@ -192,8 +231,17 @@ def _describe(gp, what):
     note = "" if gp["converged"] else ", not converged"
     return (
         f"  {what:<16} error {gp['error']:6.2f} %   fit {gp['fit_time']:8.2f} s "
-        f"({gp['n_iter']} iterations{note})"
+        f"({gp['n_iter']} iterations{note})   {calibration_text(gp)}"
     )
+
+
+def _fit_and_report(params, what, verbose, data):
+    """:func:`fit_gp` with its one-line report; the fit's time is also its
+    time to its final error."""
+    result = fit_gp(params, verbose, *data)
+    result["time_to_final_error"] = result["fit_time"]
+    print(_describe(result, what), flush=True)
+    return result
 
 
 def stochastic_curve(params, epochs, verbose, data):
@@ -259,38 +307,67 @@ def run_rep(pool, r, n_train, params, max_iter, epochs, args, with_crf):
         flush=True,
     )
     data = (X_train, y_train, X_test, y_test)
+    batch = {**params, "optimizer": "lbfgs"}
+    if max_iter is not None:
+        batch["max_iter"] = max_iter
     if not args.no_batch:
-        batch = {**params, "optimizer": "lbfgs"}
-        if max_iter is not None:
-            batch["max_iter"] = max_iter
-        result["gp_batch"] = fit_gp(batch, args.verbose, *data)
-        result["gp_batch"]["time_to_final_error"] = result["gp_batch"]["fit_time"]
-        print(_describe(result["gp_batch"], "GP L-BFGS"), flush=True)
+        result["gp_batch"] = _fit_and_report(batch, "GP L-BFGS", args.verbose, data)
     if not args.no_stochastic:
         result["gp_stochastic"] = stochastic_curve(params, epochs, args.verbose, data)
+    if not args.no_pseudo:
+        result["gp_batch_pseudo"] = _fit_and_report(
+            {**batch, "likelihood": "pseudo"}, "GP L-BFGS pseudo", args.verbose, data
+        )
+        stochastic = {**params, "optimizer": "stochastic", "max_iter": epochs[-1]}
+        result["gp_stochastic_pseudo"] = _fit_and_report(
+            {**stochastic, "likelihood": "pseudo"}, f"GP SAGA pseudo {epochs[-1]} ep",
+            args.verbose, data,
+        )
+    if not args.no_ess:
+        ess = {**batch, "inference": "ess"}
+        if args.ess_n_iter is not None:
+            ess["ess_n_iter"] = args.ess_n_iter
+        result["gp_ess"] = _fit_and_report(ess, "GP ESS", args.verbose, data)
     if with_crf:
         with Stopwatch() as convert:
             C_train, C_test = to_crfsuite(X_train, names), to_crfsuite(X_test, names)
         result["crf_convert_time"] = convert.seconds
         y_train_s = [[str(v) for v in s] for s in y_train]
+        y_test_s = [[str(v) for v in s] for s in y_test]
         for c2 in FIXED_C2:
             with Stopwatch() as fit:
                 crf = _fit_crf(C_train, y_train_s, c2)
             error = token_error(y_test, crf.predict(C_test))
-            result[f"crf_c2={c2:g}"] = {"error": error, "fit_time": fit.seconds}
+            marginals, classes = _crf_marginals(crf, C_test)
+            fixed = result[f"crf_c2={c2:g}"] = {
+                "error": error,
+                "fit_time": fit.seconds,
+                "calibration": calibration(y_test_s, marginals, classes),
+            }
             print(f"  {'CRF c2=' + format(c2, 'g'):<16} error {error:6.2f} %   fit "
-                  f"{fit.seconds:8.2f} s", flush=True)
+                  f"{fit.seconds:8.2f} s   {calibration_text(fixed)}", flush=True)
         if not args.no_crf_cv:
-            cv = run_crfsuite(C_train, y_train, C_test, y_test)
-            cv["total_time"] = cv["select_time"] + cv["refit_time"]
-            result["crf_cv"] = cv
-            print(
-                f"  CRF c2 by CV     error {cv['error']:6.2f} %   selection "
-                f"{cv['select_time']:.2f} s + refit {cv['refit_time']:.2f} s "
-                f"(c2={cv['c2']:g})",
-                flush=True,
+            result["crf_cv"] = _selected(
+                run_crfsuite(C_train, y_train, C_test, y_test), "CRF c2 by CV", "c2"
             )
+    if not args.no_lr:
+        result["logreg"] = _selected(
+            run_logreg(X_train, y_train, X_test, y_test), "LR, C by CV", "C"
+        )
     return result
+
+
+def _selected(peer, what, parameter):
+    """A peer chosen by inner CV: its total time (selection + refit) added,
+    and its one-line report."""
+    peer["total_time"] = peer["select_time"] + peer["refit_time"]
+    print(
+        f"  {what:<16} error {peer['error']:6.2f} %   selection "
+        f"{peer['select_time']:.2f} s + refit {peer['refit_time']:.2f} s "
+        f"({parameter}={peer[parameter]:g})   {calibration_text(peer)}",
+        flush=True,
+    )
+    return peer
 
 
 # ---------------------------------------------------------------------- #
@@ -311,48 +388,102 @@ def _ratio(r, gp_key, crf_keys):
     return float("nan")
 
 
-def columns(args, with_crf, epochs):
-    """(header, cell function) pairs of the error and the time tables."""
+def models(reps, epochs):
+    """The models present in any repetition, in report order.
+
+    Each is ``(key, name, time_key, count)``: the result's key, its column
+    name, the key of its time (``fit_time``, or ``total_time`` for the
+    peers chosen by inner CV: selection plus refit) and the name of its
+    iteration count column, or None.
+    """
     k = epochs[-1]
+    spec = [
+        ("gp_batch", "GP L-BFGS", "fit_time", "GP L-BFGS iterations"),
+        ("gp_stochastic", f"GP SAGA {k} ep", "fit_time", None),
+        ("gp_batch_pseudo", "GP L-BFGS pseudo", "fit_time",
+         "GP L-BFGS pseudo iterations"),
+        ("gp_stochastic_pseudo", f"GP SAGA pseudo {k} ep", "fit_time",
+         "GP SAGA pseudo epochs"),
+        ("gp_ess", "GP ESS", "fit_time", None),
+    ]
+    spec += [(f"crf_c2={c2:g}", f"CRF c2={c2:g}", "fit_time", None) for c2 in FIXED_C2]
+    spec += [
+        ("crf_cv", "CRF c2 by CV", "total_time", None),
+        ("logreg", "LR, C by CV", "total_time", None),
+    ]
+    return [m for m in spec if any(m[0] in r for r in reps)]
+
+
+def crf_reference(reps):
+    """The CRF time the GP fits are compared with: ``(key, time key, name)``
+    (the CV-selected CRF's selection plus refit, else the c2 = 1 fit), or
+    None when no CRF ran."""
+    if any("crf_cv" in r for r in reps):
+        return "crf_cv", "total_time", "CRF CV total"
+    if any("crf_c2=1" in r for r in reps):
+        return "crf_c2=1", "fit_time", "CRF c2=1"
+    return None
+
+
+def columns(reps, epochs):
+    """(header, cell function[, unit]) columns of the error and time tables."""
     err, time = [], []
-    if not args.no_batch:
-        err.append(("GP L-BFGS", lambda r: _get(r, "gp_batch", "error")))
-        time.append(("GP L-BFGS fit", lambda r: _get(r, "gp_batch", "fit_time")))
-        time.append(("GP L-BFGS iterations", lambda r: _get(r, "gp_batch", "n_iter")))
-    if not args.no_stochastic:
-        err.append((f"GP SAGA {k} ep", lambda r: _get(r, "gp_stochastic", "error")))
-        time.append((f"GP SAGA {k} ep fit",
-                     lambda r: _get(r, "gp_stochastic", "fit_time")))
-        time.append(("GP SAGA to final error",
-                     lambda r: _get(r, "gp_stochastic", "time_to_final_error")))
-    if with_crf:
-        for c2 in FIXED_C2:
-            key = f"crf_c2={c2:g}"
-            err.append((f"CRF c2={c2:g}", lambda r, key=key: _get(r, key, "error")))
-            time.append((f"CRF c2={c2:g} fit",
-                         lambda r, key=key: _get(r, key, "fit_time")))
-        if not args.no_crf_cv:
-            err.append(("CRF c2 by CV", lambda r: _get(r, "crf_cv", "error")))
-            time.append(("CRF CV selection + refit",
-                         lambda r: _get(r, "crf_cv", "total_time")))
-        crf_ref = ("crf_cv", "total_time") if not args.no_crf_cv else (
-            "crf_c2=1", "fit_time")
-        ref = "CRF CV total" if not args.no_crf_cv else "CRF c2=1"
-        for gp_key, name in (("gp_batch", "GP L-BFGS"), ("gp_stochastic", "GP SAGA")):
-            if not getattr(args, f"no_{gp_key[3:]}"):
+    for key, name, time_key, count in models(reps, epochs):
+        err.append((name, lambda r, key=key: _get(r, key, "error")))
+        suffix = " selection + refit" if time_key == "total_time" else " fit"
+        time.append((name + suffix, lambda r, key=key, t=time_key: _get(r, key, t)))
+        if count is not None:
+            time.append((count, lambda r, key=key: _get(r, key, "n_iter"), "n"))
+        if key == "gp_stochastic":
+            time.append(("GP SAGA to final error",
+                         lambda r: _get(r, "gp_stochastic", "time_to_final_error")))
+    reference = crf_reference(reps)
+    if reference is not None:
+        crf_key, crf_time, ref = reference
+        for key, name, _, _ in models(reps, epochs):
+            if key.startswith("gp_"):
                 time.append((f"{name} / {ref}",
-                             lambda r, g=gp_key: _ratio(r, g, crf_ref), "x"))
+                             lambda r, g=key: _ratio(r, g, (crf_key, crf_time)), "x"))
     return err, time
+
+
+def summary_table(reps, epochs):
+    """One row per model: error, time, time / CRF, NLL and ECE, mean (std)."""
+    reference = crf_reference(reps)
+    rows = []
+    for key, name, time_key, _ in models(reps, epochs):
+        ratio = "-"
+        if reference is not None and key.startswith("gp_"):
+            ratio = format_mean_std(
+                [_ratio(r, key, reference[:2]) for r in reps], digits=1, unit="x"
+            )
+        calibrated = any("calibration" in r.get(key, {}) for r in reps)
+        rows.append([
+            name,
+            format_mean_std([_get(r, key, "error") for r in reps]),
+            format_mean_std([_get(r, key, time_key) for r in reps], unit=" s"),
+            ratio,
+        ] + [
+            format_mean_std([_get(r, key, "calibration", what) for r in reps],
+                            digits=digits) if calibrated else "-"
+            for what, digits in (("nll", 3), ("ece", 4))
+        ])
+    against = reference[2] if reference is not None else "CRF"
+    return markdown_table(
+        ["model", "error %", "fit time (peers: selection + refit)",
+         f"time / {against}", "NLL of the true label", "ECE (top label)"],
+        rows,
+    )
 
 
 def table(reps, cols, unit):
     """Rows per repetition, then the mean (std). A column is (name, cell) or
-    (name, cell, unit); the unit "x" marks a ratio, iterations get none."""
+    (name, cell, unit); the unit "x" marks a ratio, "n" a count."""
     header = ["repetition"] + [c[0] for c in cols]
 
     def fmt(values, col):
         col_unit = col[2] if len(col) > 2 else unit
-        if col[0].endswith("iterations"):
+        if col_unit == "n":  # a count
             return format_mean_std(values, digits=0)
         digits = 1 if col_unit == "x" else 2
         return format_mean_std(values, digits=digits, unit=col_unit)
@@ -400,7 +531,12 @@ def main(argv=None):
     print("environment: " + ", ".join(f"{k} {v}" for k, v in env.items()))
     print(f"shared GPStructClassifier options: {params}")
     print(f"  L-BFGS: max_iter={max_iter if max_iter is not None else 'default'}; "
-          f"SAGA: one fit per epoch budget {epochs}")
+          f"SAGA: one fit per epoch budget {epochs}"
+          + ("" if args.no_pseudo else
+             f"; pseudo-likelihood: L-BFGS, and SAGA at {epochs[-1]} epochs")
+          + ("" if args.no_ess else
+             "; ESS: ess_n_iter="
+             + (str(args.ess_n_iter) if args.ess_n_iter else "default")))
     print(f"protocol: basenp/test.data, {BASENP_ALL.n_data} sequences, "
           f"permutation default_rng(r), r in {reps}, first {n_train} to train, "
           f"last {BASENP_ALL.n_data - BASENP_ALL.n_train} to test")
@@ -420,7 +556,7 @@ def main(argv=None):
         )
         print()
 
-    err_cols, time_cols = columns(args, with_crf, epochs)
+    err_cols, time_cols = columns(results, epochs)
     print("## Token error % (measured in this run; mean (std over repetitions, "
           "ddof=1))")
     print()
@@ -433,6 +569,10 @@ def main(argv=None):
     print("Ratios are per repetition, then averaged. 'GP SAGA to final error' is "
           "the fit time of the shortest epoch budget whose test error is no "
           "worse than the longest budget's.")
+    print()
+    print("## Every model: error, time and calibration (mean (std))")
+    print()
+    print(summary_table(results, epochs))
     if not args.no_stochastic:
         print()
         print("## GP SAGA: error against epochs (one fit per budget, same seed)")
@@ -457,6 +597,7 @@ def main(argv=None):
             "gp_options": params,
             "lbfgs_max_iter": max_iter,
             "stochastic_epochs": epochs,
+            "ess_n_iter": args.ess_n_iter,
             "n_train": n_train,
             "quick": args.quick,
             "results": results,

@@ -416,14 +416,8 @@ def section2_section(suite, results):
     import bench_section2
 
     reps = payload["results"]
-    args = argparse.Namespace(
-        no_batch=not any("gp_batch" in r for r in reps),
-        no_stochastic=not any("gp_stochastic" in r for r in reps),
-        no_crf_cv=not any("crf_cv" in r for r in reps),
-    )
-    with_crf = any("crf_c2=1" in r for r in reps)
     epochs = payload.get("stochastic_epochs") or [1]
-    err_cols, time_cols = bench_section2.columns(args, with_crf, epochs)
+    err_cols, time_cols = bench_section2.columns(reps, epochs)
     n_tokens = _ms([r["n_train_tokens"] for r in reps], 0)
     parts = [
         f"{len(reps)} repetition(s), {payload.get('n_train')} training sequences "
@@ -436,9 +430,12 @@ def section2_section(suite, results):
         "'GP SAGA to final error' is the fit time of the shortest epoch budget "
         "whose test error is no worse than the longest budget's; GP L-BFGS: its "
         "fit time.",
+        "### Every model: error, time and calibration\n\n"
+        + bench_section2.summary_table(reps, epochs),
     ]
-    if not args.no_stochastic:
-        nested = all(r["gp_stochastic"]["nested"] for r in reps)
+    if any("gp_stochastic" in r for r in reps):
+        nested = all(r["gp_stochastic"]["nested"] for r in reps
+                     if "gp_stochastic" in r)
         parts.append("### GP SAGA: error against epochs\n\n"
                      + bench_section2.curve_table(reps)
                      + "\n\nShorter budgets replay the longer fits' first epochs: "

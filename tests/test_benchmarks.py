@@ -11,7 +11,9 @@ compiled loops against the sparse products, and its paired timing),
 profile_fit's sum of a function's cumulative time, bench_block_cache's
 pairing of fits with and without the cache (on a short fit of the shared
 data), the hyperparameters bench_ess samples at (fixed, or those a
-variational fit learns), and run_suite's Table 1 rows for both ESS steps.
+variational fit learns), run_suite's Table 1 rows for both ESS steps,
+section 2's summary of every model that ran (with the suite's report of
+it), and bench_prior_draws' two ways of drawing on a synthetic design.
 """
 
 import importlib
@@ -55,6 +57,8 @@ profile_fit = _module_fixture("profile_fit")
 bench_block_cache = _module_fixture("bench_block_cache")
 run_suite = _module_fixture("run_suite")
 bench_table1 = _module_fixture("bench_table1")
+bench_section2 = _module_fixture("bench_section2")
+bench_prior_draws = _module_fixture("bench_prior_draws")
 
 
 def test_bench_ess_hyperparameters_fixed_or_learned(bench_ess):
@@ -132,6 +136,67 @@ def test_run_suite_reports_the_fit_time_against_both_crf_grids(run_suite):
     # 2/1 and 3/1 against the protocol's CRF; 2/4 and 3/2 against the wide one.
     assert cells[-2] == f"2.5x ({np.std([2.0, 3.0], ddof=1):.1f})"
     assert cells[-1] == f"1.0x ({np.std([0.5, 1.5], ddof=1):.1f})"
+
+
+def test_section2_reports_every_model_that_ran(bench_section2, run_suite):
+    def gp(error, fit_time, n_iter=10):
+        return {"error": error, "fit_time": fit_time, "n_iter": n_iter,
+                "calibration": {"nll": 0.2, "ece": 0.01}}
+
+    def rep(r, gp_time, crf_time):
+        return {
+            "rep": r, "n_train_tokens": 100,
+            "gp_batch": gp(4.0, gp_time),
+            "gp_batch_pseudo": gp(5.0, 1.0),
+            "gp_stochastic_pseudo": gp(6.0, 2.0, n_iter=7),
+            "gp_ess": gp(4.5, 30.0),
+            "crf_c2=1": {"error": 4.2, "fit_time": 0.5},
+            "crf_cv": {"error": 4.1, "total_time": crf_time,
+                       "calibration": {"nll": 0.3, "ece": 0.03}},
+            "logreg": {"error": 4.6, "total_time": 2.0,
+                       "calibration": {"nll": 0.25, "ece": 0.02}},
+        }
+
+    reps = [rep(0, 2.0, 1.0), rep(1, 6.0, 2.0)]
+    names = [m[1] for m in bench_section2.models(reps, [50])]
+    # In report order; the stochastic curve and the c2 = 0.1 CRF did not run.
+    assert names == ["GP L-BFGS", "GP L-BFGS pseudo", "GP SAGA pseudo 50 ep",
+                     "GP ESS", "CRF c2=1", "CRF c2 by CV", "LR, C by CV"]
+    summary = bench_section2.summary_table(reps, [50])
+    rows = {line.split("|")[1].strip(): [c.strip() for c in line.strip("|").split("|")]
+            for line in summary.splitlines()[2:]}
+    # The batch fit against the CRF's selection + refit: 2/1 and 6/2.
+    assert rows["GP L-BFGS"][1:4] == ["4.00 (0.00)", "4.00 s (2.83)", "2.5x (0.7)"]
+    assert rows["GP ESS"][3] == f"22.5x ({np.std([30.0, 15.0], ddof=1):.1f})"
+    assert rows["LR, C by CV"][1:] == ["4.60 (0.00)", "2.00 s (0.00)", "-",
+                                       "0.250 (0.000)", "0.0200 (0.0000)"]
+    assert rows["CRF c2=1"][4:] == ["-", "-"]  # no marginals recorded
+    _, time_cols = bench_section2.columns(reps, [50])
+    assert "GP SAGA pseudo epochs" in [c[0] for c in time_cols]
+    # The suite's report carries the same table.
+    report = run_suite.section2_section(
+        {"steps": {}}, {"section2": {"results": reps, "n_train": 500,
+                                     "stochastic_epochs": [50]}})
+    assert summary in report
+
+
+def test_bench_prior_draws_times_both_ways(bench_prior_draws):
+    # 300 tokens of 40 shared binary features: a 41-column feature map, which
+    # the sampler takes (41 * 600 <= 300^2).
+    rng = np.random.default_rng(0)
+    X = (rng.random((300, 40)) < 0.2).astype(float)
+    X[:, 0] = 1.0
+    row = bench_prior_draws.measure("synthetic", sp.csr_matrix(X), 3, block=4,
+                                    rounds=2, min_time=0.01)
+    assert (row["N"], row["D"], row["labels"]) == (300, 41, 3)
+    assert row["the sampler draws through"] == "feature map"
+    for column in bench_prior_draws.COLUMNS[4:9]:
+        assert np.isfinite(row[column]) and row[column] > 0
+    # The units follow from the times: N^2 V / 2 multiply-adds, D V deviates.
+    assert row["ps per multiply-add (factor)"] == pytest.approx(
+        1e9 * row["factor ms / draw"] / (300**2 * 3 / 2))
+    assert row["ns per deviate (feature map)"] == pytest.approx(
+        1e6 * row["feature map ms / draw"] / (41 * 3))
 
 
 def test_calibration_by_hand(common):

@@ -13,6 +13,7 @@ import math
 import _chain_reference as chain_reference
 import numpy as np
 import pytest
+import scipy.sparse as sp
 
 from skgpstruct import chain
 from skgpstruct._sequences import stack_sequences
@@ -24,7 +25,7 @@ from skgpstruct.inference.ess import (
     ess_memory_bytes,
     sample_posterior,
 )
-from skgpstruct.kernels import LinearKernel, RBFKernel
+from skgpstruct.kernels import GroupedLinearKernel, LinearKernel, RBFKernel
 
 # A tolerance of Z_TOL combined standard errors. With a few dozen compared
 # quantities, a correct sampler exceeds it with probability below 1e-4; a
@@ -115,8 +116,32 @@ def importance_sampling_reference(X, offsets, labels, kernel, sigma2, n_draws, s
     return mean, se, 1.0 / np.sum(w**2)
 
 
-def test_ess_leaves_chain_posterior_invariant():
-    X, offsets, labels, kernel = tiny_problem()
+def linear_problem():
+    """Two sequences of two tokens, two labels, binary features (one of them
+    lone: active at one token only), a grouped linear kernel."""
+    X = sp.csr_matrix(np.array([[1.0, 1.0, 0.0, 0.0],
+                                [1.0, 0.0, 1.0, 0.0],
+                                [0.0, 0.0, 1.0, 1.0],
+                                [1.0, 0.0, 0.0, 1.0]]))
+    offsets = np.array([0, 2, 4], dtype=np.int64)
+    labels = np.array([0, 0, 1, 0], dtype=np.int64)
+    kernel = GroupedLinearKernel([0, 1, 0, 1], variance=[0.8, 2.0], bias=0.5)
+    return X, offsets, labels, kernel
+
+
+@pytest.fixture
+def feature_map_always(monkeypatch):
+    """Prior draws through the feature map whatever its size (the tests'
+    problems are too small for it to be the cheaper)."""
+    monkeypatch.setattr(ess, "_FEATURE_MAP_BREAK_EVEN", 0)
+
+
+@pytest.mark.parametrize("problem", ["rbf", "linear"])
+def test_ess_leaves_chain_posterior_invariant(problem, feature_map_always):
+    make = tiny_problem if problem == "rbf" else linear_problem
+    X, offsets, labels, kernel = make()
+    # The linear kernel's prior draws go through its feature map.
+    assert (ess.prior_feature_map(X, kernel) is None) == (problem == "rbf")
     sigma2 = 1.0
     ref_mean, ref_se, n_effective = importance_sampling_reference(
         X, offsets, labels, kernel, sigma2, n_draws=200_000, seed=1
@@ -165,16 +190,96 @@ def test_same_seed_same_chain_and_different_seed_different_chain():
     np.testing.assert_array_equal(a.unary_samples, d.unary_samples)
 
 
-def test_chain_does_not_depend_on_draw_block_size(monkeypatch):
+@pytest.mark.parametrize("draws", ["factor", "feature map", "feature map, jitter"])
+def test_chain_does_not_depend_on_draw_block_size(draws, monkeypatch):
     # Blocks of prior draws consume the same random numbers whatever their
     # size. The triangular product may round differently with the number of
     # columns (OpenBLAS picks its kernels by size: 4e-16 seen on one
     # machine), so the chains agree to rounding, not bit for bit.
-    reference = run_small(3)
+    if draws == "factor":
+        problem = tiny_problem()
+    else:
+        monkeypatch.setattr(ess, "_FEATURE_MAP_BREAK_EVEN", 0)
+        problem = linear_problem()
+        if draws.endswith("jitter"):  # as if the factorisation had needed 0.1
+            monkeypatch.setattr(ess, "jitter_cholesky", lambda K, name: (
+                np.linalg.cholesky(K + 0.1 * np.eye(len(K))), 0.1))
+
+    def run():
+        X, offsets, labels, kernel = problem
+        return sample_posterior(X, offsets, labels, kernel, 2, n_iter=300,
+                                burn_in=100, thin=5, random_state=3)
+
+    reference = run()
     monkeypatch.setattr(ess, "_DRAW_BLOCK", 7)
     np.testing.assert_allclose(
-        run_small(3).unary_samples, reference.unary_samples, rtol=1e-10, atol=1e-12
+        run().unary_samples, reference.unary_samples, rtol=1e-10, atol=1e-12
     )
+
+
+@pytest.mark.parametrize(
+    "kernel",
+    [LinearKernel(variance=0.7, bias=0.3),
+     GroupedLinearKernel([0, 1, 0, 1, 1], variance=[0.8, 2.0], bias=0.5)],
+)
+@pytest.mark.parametrize("lone", [True, False])
+def test_prior_feature_map_reproduces_the_gram_matrix(kernel, lone):
+    X = np.array([[1.0, 1.5, 0.0, 1.0, 2.0],
+                  [1.0, 0.5, 1.0, 1.0, 0.0],
+                  [1.0, 0.0, 2.0, 0.0, 0.0],
+                  [1.0, 0.0, 0.0, 1.0, 3.0]])
+    if lone:  # features 1 and 4 active at token 0 only: one column
+        X[1:, [1, 4]] = 0.0
+    X = sp.csr_matrix(X)
+    phi = ess.prior_feature_map(X, kernel, always=True)
+    assert sp.issparse(phi)
+    np.testing.assert_allclose((phi @ phi.T).toarray(), kernel(X), rtol=1e-12,
+                               atol=1e-14)
+    # Three shared features, the collapsed token and the bias; or all five
+    # features and the bias.
+    assert phi.shape == ((4, 5) if lone else (4, 6))
+
+
+def test_prior_feature_map_only_where_cheaper():
+    X, _, _, kernel = linear_problem()
+    # Four tokens: 16 / 600 columns at most, so the Cholesky factor draws.
+    assert ess.prior_feature_map(X, kernel) is None
+    assert ess.prior_feature_map(X, kernel, always=True).shape == (4, 5)
+    # 200 tokens of 50 shared binary features: 51 columns, under 200^2 / 600.
+    rng = np.random.default_rng(1)
+    wide = (rng.random((200, 50)) < 0.3).astype(float)
+    wide[:, 0] = 1.0
+    wide = sp.csr_matrix(wide)
+    phi = ess.prior_feature_map(wide, kernel=LinearKernel())
+    assert phi is not None and phi.shape == (200, 51)
+    # Kernels without a feature map draw through the factor.
+    assert ess.prior_feature_map(wide.toarray(), RBFKernel()) is None
+
+
+@pytest.mark.parametrize("through", ["factor", "feature map"])
+@pytest.mark.parametrize("jitter", [0.0, 0.3])
+def test_prior_draws_have_the_prior_covariance(jitter, through):
+    # The prior is N(0, K + jitter I): the jitter the factorisation of K
+    # needed is part of it, with either way of drawing.
+    X, _, _, kernel = linear_problem()
+    K = kernel(X)
+    factor = np.linalg.cholesky(K + jitter * np.eye(len(K)))
+    # The scaled features and bias column: group variances 0.8 and 2.0, bias 0.5.
+    scales = np.sqrt([0.8, 2.0, 0.8, 2.0, 0.5])
+    phi = sp.csr_matrix(np.hstack([X.toarray(), np.ones((len(K), 1))]) * scales)
+    np.testing.assert_allclose((phi @ phi.T).toarray(), K, atol=1e-12)
+    if through == "factor":
+        phi = None
+    draws = ess._PriorDraws(factor, jitter, phi, 2, np.random.default_rng(0))
+    n = 20_000
+    nu = draws.block(n)  # (N, n, V)
+    samples = nu.transpose(1, 2, 0).reshape(-1, len(K))  # every label a draw
+    covariance = samples.T @ samples / samples.shape[0]
+    target = K + jitter * np.eye(len(K))
+    # Standard error of a second moment of a Gaussian: sqrt((Kii Kjj + Kij^2) / n).
+    d = np.diag(target)
+    se = np.sqrt((np.outer(d, d) + target**2) / samples.shape[0])
+    np.testing.assert_array_less(np.abs(covariance - target), Z_TOL * se)
 
 
 # --------------------------------------------------------------------------
