@@ -265,6 +265,7 @@ def stochastic_curve(params, epochs, verbose, data):
         first = next(p for p in ok if p["error"] <= final["error"])
         summary.update(
             error=final["error"],
+            calibration=final.get("calibration"),
             fit_time=final["fit_time"],
             epochs=final["epochs"],
             n_iter=final["n_iter"],
@@ -447,10 +448,25 @@ def columns(reps, epochs):
     return err, time
 
 
+def _with_final_calibration(rep):
+    """The repetition with its stochastic summary's calibration taken from
+    the longest budget's fit when the summary lacks it (JSON written before
+    the summary recorded it)."""
+    stochastic = rep.get("gp_stochastic")
+    if not stochastic or "calibration" in stochastic:
+        return rep
+    ok = [p for p in stochastic.get("curve", []) if "calibration" in p]
+    if not ok:
+        return rep
+    final = {**stochastic, "calibration": ok[-1]["calibration"]}
+    return {**rep, "gp_stochastic": final}
+
+
 def summary_table(reps, epochs):
     """One row per model: error, time, time / CRF, NLL and ECE, mean (std)."""
     reference = crf_reference(reps)
     rows = []
+    reps = [_with_final_calibration(r) for r in reps]
     for key, name, time_key, _ in models(reps, epochs):
         ratio = "-"
         if reference is not None and key.startswith("gp_"):

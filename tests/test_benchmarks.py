@@ -171,13 +171,24 @@ def test_section2_reports_every_model_that_ran(bench_section2, run_suite):
     assert rows["LR, C by CV"][1:] == ["4.60 (0.00)", "2.00 s (0.00)", "-",
                                        "0.250 (0.000)", "0.0200 (0.0000)"]
     assert rows["CRF c2=1"][4:] == ["-", "-"]  # no marginals recorded
+    # A stochastic summary without calibration (JSON of an earlier script)
+    # takes the longest budget's.
+    reps[0]["gp_stochastic"] = reps[1]["gp_stochastic"] = {
+        "error": 4.2, "fit_time": 3.0, "nested": True,
+        "curve": [{"epochs": 5, "error": 4.5, "fit_time": 1.0,
+                   "calibration": {"nll": 0.9, "ece": 0.9}},
+                  {"epochs": 50, "error": 4.2, "fit_time": 3.0,
+                   "calibration": {"nll": 0.15, "ece": 0.005}}]}
+    row = next(line for line in bench_section2.summary_table(reps, [50]).splitlines()
+               if line.startswith("| GP SAGA 50 ep |"))
+    assert row.rstrip(" |").endswith("0.150 (0.000) | 0.0050 (0.0000)")
     _, time_cols = bench_section2.columns(reps, [50])
     assert "GP SAGA pseudo epochs" in [c[0] for c in time_cols]
     # The suite's report carries the same table.
     report = run_suite.section2_section(
         {"steps": {}}, {"section2": {"results": reps, "n_train": 500,
                                      "stochastic_epochs": [50]}})
-    assert summary in report
+    assert bench_section2.summary_table(reps, [50]) in report
 
 
 def test_bench_prior_draws_times_both_ways(bench_prior_draws):

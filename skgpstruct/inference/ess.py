@@ -24,12 +24,14 @@ feature and the bias), ``Phi @ z`` (``O((D + nnz) V)`` for ``D`` columns of
 instead of the tokens. The features active at one training token are
 collapsed into one column per token first
 (:class:`~skgpstruct.inference.inducing.CollapsedFeatures`: the same Gram
-matrix), and ``Phi`` is used where it is the cheaper of the two (at most
-``N^2 / 600`` columns: at the break-even measured on the CRF++ sets, a
-normal deviate costs about what 600 multiply-adds of the triangular product
-cost). Prior draws do not depend on the state, so they are computed for
-blocks of iterations with one matrix product (level-3 BLAS for ``L``
-instead of a memory-bound matrix-vector product per iteration); the prior,
+matrix), and ``Phi`` is used where it is the cheaper of the two: at most
+``N^2 / 600`` columns (``benchmarks/bench_prior_draws.py`` on the CRF++
+sets: a normal deviate with its share of the sparse product 17 to 21 ns, a
+multiply-add of the triangular product 66 to 101 ps, so ``Phi`` is the
+cheaper below about ``N^2 / 500`` columns). Prior draws do not depend on
+the state, so they are computed for blocks of iterations with one matrix
+product (level-3 BLAS for ``L`` instead of a memory-bound matrix-vector
+product per iteration); the prior,
 pairwise and slice random numbers come from three independent streams, so
 the chain does not depend on the block size.
 
@@ -74,9 +76,10 @@ DEFAULT_MEMORY_LIMIT = 4 * 2**30
 # Iterations whose prior draws are computed by one matrix product.
 _DRAW_BLOCK = 64
 # Prior draws go through the feature map when it has at most N^2 / this many
-# columns: a normal deviate (and its share of the sparse product) costs about
-# as much as this many multiply-adds of the triangular product (measured on
-# the CRF++ sets' Table 1 folds: 22 to 28 ns against 39 to 48 ps).
+# columns. A draw costs D V deviates through the map and N^2 V / 2
+# multiply-adds through the factor; benchmarks/bench_prior_draws.py measured
+# 17 to 21 ns per deviate and 66 to 101 ps per multiply-add on the Table 1
+# folds, a break-even near N^2 / 500 columns.
 _FEATURE_MAP_BREAK_EVEN = 600
 # Test tokens per block of the prediction (kernel rows and unaries).
 _PREDICT_TOKENS = 1000
