@@ -429,7 +429,8 @@ def crf_reference(reps):
 def columns(reps, epochs):
     """(header, cell function[, unit]) columns of the error and time tables."""
     err, time = [], []
-    for key, name, time_key, count in models(reps, epochs):
+    present = models(reps, epochs)
+    for key, name, time_key, count in present:
         err.append((name, lambda r, key=key: _get(r, key, "error")))
         suffix = " selection + refit" if time_key == "total_time" else " fit"
         time.append((name + suffix, lambda r, key=key, t=time_key: _get(r, key, t)))
@@ -441,7 +442,7 @@ def columns(reps, epochs):
     reference = crf_reference(reps)
     if reference is not None:
         crf_key, crf_time, ref = reference
-        for key, name, _, _ in models(reps, epochs):
+        for key, name, _, _ in present:
             if key.startswith("gp_"):
                 time.append((f"{name} / {ref}",
                              lambda r, g=key: _ratio(r, g, (crf_key, crf_time)), "x"))
