@@ -115,6 +115,9 @@ CRF_C2_GRID = (0.01, 0.1, 1.0, 10.0)
 CRF_C2_WIDE_GRID = (1e-4, 1e-3, 0.01, 0.1, 1.0, 10.0)
 #: Grid of LogisticRegression's inverse regularisation C.
 LR_C_GRID = (0.01, 0.1, 1.0, 10.0, 100.0)
+#: Prediction times (``predict``, ``predict_marginals`` on a test fold) are
+#: means over repeated calls lasting at least this many seconds.
+PREDICT_MIN_TIME = 0.2
 
 
 @dataclass(frozen=True)
@@ -406,6 +409,12 @@ def run_crfsuite_grids(X_train, y_train, X_test, y_test, grids):
             refits[best] = (crf, refit.seconds)
         crf, refit_time = refits[best]
         marginals, classes = _crf_marginals(crf, X_test)
+        predict_seconds = seconds_per_call(
+            lambda crf=crf: crf.predict(X_test), PREDICT_MIN_TIME
+        )
+        marginals_seconds = seconds_per_call(
+            lambda crf=crf: _crf_marginals(crf, X_test), PREDICT_MIN_TIME
+        )
         out[name] = {
             "calibration": calibration(y_test, marginals, classes),
             "error": token_error(y_test, crf.predict(X_test)),
@@ -413,6 +422,8 @@ def run_crfsuite_grids(X_train, y_train, X_test, y_test, grids):
             "grid": list(grid),
             "select_time": float(sum(cv_time[c] for c in grid)),
             "refit_time": refit_time,
+            "predict_time": predict_seconds,
+            "marginals_time": marginals_seconds,
             "cv_accuracy": {str(c): cv_accuracy[c] for c in grid},
         }
     return out
@@ -461,7 +472,9 @@ def run_peers(X_train, y_train, X_test, y_test, feature_names, with_crf,
             f"{crf['select_time']:6.2f} s + refit {crf['refit_time']:6.2f} s "
             f"(c2={crf['c2']:g})   GP / CRF time "
             + (f"{ratio:.1f}x" if np.isfinite(ratio) else "-")
-            + f"   {calibration_text(crf)}",
+            + f"   {calibration_text(crf)}   predict "
+            f"{1e3 * crf['predict_time']:.1f} ms  predict_marginals "
+            f"{1e3 * crf['marginals_time']:.1f} ms",
             flush=True,
         )
         print(
@@ -578,6 +591,44 @@ def difference_rows(results, gp_error):
     return rows
 
 
+#: Columns of :func:`prediction_rows`, after the data set.
+PREDICTION_HEADER = [
+    "GP predict", "CRF predict", "GP / CRF",
+    "GP predict_marginals", "CRF predict_marginals", "GP / CRF",
+]
+
+
+def prediction_rows(results):
+    """Markdown rows: per data set of ``results`` (name -> fold results), the
+    GP's and the protocol CRF's mean ``predict`` and ``predict_marginals``
+    times on the test folds, and their ratios (per fold, then averaged).
+    Folds without both models' times (earlier JSON) are left out."""
+    rows = []
+    for name, folds in results.items():
+        # bench_table1 nests the GP's numbers under "gp", bench_ess does not
+        pairs = [
+            (r.get("gp", r), r.get("crf", {})) for r in folds
+        ]
+        pairs = [
+            (gp, crf) for gp, crf in pairs
+            if "marginals_time" in gp and "marginals_time" in crf
+        ]
+        if not pairs:
+            continue
+        row = [name]
+        for key in ("predict_time", "marginals_time"):
+            gp = [1e3 * g[key] for g, _ in pairs]
+            crf = [1e3 * c[key] for _, c in pairs]
+            ratios = [g[key] / c[key] for g, c in pairs]
+            row += [
+                format_mean_std(gp, digits=1, unit=" ms"),
+                format_mean_std(crf, digits=1, unit=" ms"),
+                format_mean_std(ratios, digits=2, unit="x"),
+            ]
+        rows.append(row)
+    return rows
+
+
 def calibration_rows(results, models):
     """Per data set and model, mean (std) of the NLL and ECE over the folds.
 
@@ -665,9 +716,14 @@ def fit_gp(params, verbose, X_train, y_train, X_test, y_test):
     gp = GPStructClassifier(**params, verbose=int(verbose))
     try:
         fit_seconds, converged = fit_recording_convergence(gp, X_train, y_train)
-        with Stopwatch() as predict:
-            y_pred = gp.predict(X_test)
+        y_pred = gp.predict(X_test)
         marginals = gp.predict_marginals(X_test)
+        predict_seconds = seconds_per_call(
+            lambda: gp.predict(X_test), PREDICT_MIN_TIME
+        )
+        marginals_seconds = seconds_per_call(
+            lambda: gp.predict_marginals(X_test), PREDICT_MIN_TIME
+        )
         history = getattr(gp, "elbo_history_", [])
     except Exception as exc:  # noqa: BLE001 - recorded and reported
         traceback.print_exc()
@@ -679,7 +735,8 @@ def fit_gp(params, verbose, X_train, y_train, X_test, y_test):
     result = {
         "error": token_error(y_test, y_pred),
         "fit_time": fit_seconds,
-        "predict_time": predict.seconds,
+        "predict_time": predict_seconds,
+        "marginals_time": marginals_seconds,
         "n_iter": int(gp.n_iter_),
         "converged": converged,
         # inference="ess" keeps no ELBO history (it samples)

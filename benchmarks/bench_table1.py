@@ -41,6 +41,8 @@ from _common import (
     MEASURED_TABLE1,
     PAPER_TABLE1,
     PEERS,
+    PREDICT_MIN_TIME,
+    PREDICTION_HEADER,
     PROBE_BASENP,
     calibration_rows,
     calibration_text,
@@ -55,6 +57,7 @@ from _common import (
     load_pool,
     markdown_table,
     paper_gp_row,
+    prediction_rows,
     read_folds,
     run_peers,
     take,
@@ -188,12 +191,21 @@ def run_fold(dataset, pool, folds, k, params, args, with_crf):
         note = "" if gp["converged"] else ", not converged"
         print(
             f"  GP   error {gp['error']:6.2f} %   fit {gp['fit_time']:8.2f} s "
-            f"({gp['n_iter']} iterations{note})   {calibration_text(gp)}",
+            f"({gp['n_iter']} iterations{note})   {calibration_text(gp)}   "
+            f"{prediction_text(gp)}",
             flush=True,
         )
     result.update(run_peers(X_train, y_train, X_test, y_test, names, with_crf,
                             gp_fit_time=gp["fit_time"]))
     return result
+
+
+def prediction_text(model_result):
+    """``"predict x ms  predict_marginals y ms"`` of a GP or CRF result."""
+    return (
+        f"predict {1e3 * model_result['predict_time']:.1f} ms  "
+        f"predict_marginals {1e3 * model_result['marginals_time']:.1f} ms"
+    )
 
 
 def _cells(folds, with_crf):
@@ -292,6 +304,24 @@ def main(argv=None):
         difference_rows(results, lambda fold: fold["gp"].get("error")),
     ))
     print()
+    prediction = prediction_rows(results)
+    if prediction:
+        print("## Prediction time on the test fold (mean (std over folds))")
+        print()
+        print(markdown_table(
+            ["data set", *PREDICTION_HEADER], prediction,
+        ))
+        print()
+        print("Mean seconds per call over repeated calls of at least "
+              f"{PREDICT_MIN_TIME:g} s. The GP predicts from the CSR template "
+              "features, the CRF (the protocol grid's refit) from crfsuite's "
+              "feature dicts, built beforehand and not timed; "
+              "predict_marginals: the GP averages "
+              f"{GPStructClassifier(**params).n_predict_samples} posterior "
+              "samples' forward-backward marginals, the CRF runs one "
+              "forward-backward (its marginals converted to arrays, as for "
+              "the calibration).")
+        print()
     print("## Calibration of the per-token marginals (mean (std over folds))")
     print()
     print(markdown_table(

@@ -58,12 +58,15 @@ from _common import (
     MEASURED_TABLE1,
     PAPER_TABLE1,
     PEERS,
+    PREDICT_MIN_TIME,
+    PREDICTION_HEADER,
     PROBE_BASENP,
     QUOTED_SECTION2,
     difference_rows,
     format_mean_std,
     markdown_table,
     paper_gp_row,
+    prediction_rows,
     read_json,
     write_json,
 )
@@ -299,7 +302,7 @@ def table1_section(suite, results):
         return _section("1. Table 1 (BENCHMARK.md section 1)", "\n\n".join(parts))
     names = [n for n in DATASETS if any(n in p["results"] for _, p in runs)]
 
-    err_rows, cal_rows, time_rows, diff_rows = [], [], [], []
+    err_rows, cal_rows, time_rows, diff_rows, predict_rows = [], [], [], [], []
     for name in names:
         peers = {label: {} for _, label in PEERS}
         for step, payload in runs:
@@ -337,6 +340,10 @@ def table1_section(suite, results):
                 n_iter = _ms([g["n_iter"] for g in gps if "n_iter" in g], 0)
                 conv = [g["converged"] for g in gps if "converged" in g]
                 converged = f"{sum(conv)}/{len(conv)}" if conv else "-"
+            predict_rows += [
+                [row[0], step.title, *row[1:]]
+                for row in prediction_rows({name: folds})
+            ]
             time_rows.append([
                 name, step.title, _folds_label(folds),
                 _ms([g["fit_time"] for g in gps], unit=" s"), n_iter, converged,
@@ -405,6 +412,17 @@ def table1_section(suite, results):
         "Iterations: L-BFGS iterations or SAGA epochs; ESS: sampler "
         "iterations. Converged: folds whose fit stopped "
         "on its tolerance before max_iter.")
+    if predict_rows:
+        parts.append(
+            "### Prediction time on the test fold (mean (std over folds))\n\n"
+            + markdown_table(
+                ["data set", "GP mode", *PREDICTION_HEADER], predict_rows
+            ))
+        parts.append(
+            "Mean seconds per call over repeated calls of at least "
+            f"{PREDICT_MIN_TIME:g} s, the GP's and the protocol CRF's (its "
+            "input, crfsuite's feature dicts, built beforehand and not timed); "
+            "GP / CRF per fold, then averaged.")
     return _section("1. Table 1 (BENCHMARK.md section 1)", "\n\n".join(parts))
 
 

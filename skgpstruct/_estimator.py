@@ -34,7 +34,7 @@ from .inference.inducing import (
     select_inducing_points,
 )
 from .inference.posterior import ParameterLayout, VariationalParameters
-from .inference.terms import Chunk, sample_unary
+from .inference.terms import Chunk, sample_unary, sample_unary_stacked
 from .kernels import GroupedLinearKernel, LinearKernel, check_kernel
 from .likelihoods import get_likelihood
 from .optim.lbfgs import (
@@ -1186,23 +1186,13 @@ GroupedLinearKernel`: automatic relevance determination per group).
                 for i in range(sl.start, sl.stop):
                     out[i] = np.zeros((0, V))
                 continue
-            projection = self._project(X_c, offsets)
-            residual_sd = np.sqrt(projection.residual)
-            unary = np.empty((K, S, X_c.shape[0], V))
-            for n, i in enumerate(range(sl.start, sl.stop)):
-                t0, t1 = offsets[n], offsets[n + 1]
-                if t1 == t0:
-                    continue
-                one = Projection(
-                    projection.rows[n : n + 1], projection.B[n : n + 1],
-                    projection.residual[t0:t1],
-                )
-                rng = np.random.default_rng(
+            rngs = [
+                np.random.default_rng(
                     [self._predict_seed, _sequence_fingerprint(sequences[i])]
                 )
-                unary[:, :, t0:t1], _, _ = sample_unary(
-                    params, one, residual_sd[t0:t1], S, rng
-                )
+                for i in range(sl.start, sl.stop)
+            ]
+            unary = self._unary_samples(params, X_c, offsets, S, rngs)
             marg = np.zeros((X_c.shape[0], V))
             for k in range(K):
                 _, m_k, _ = chain.forward_backward(
@@ -1214,6 +1204,39 @@ GroupedLinearKernel`: automatic relevance determination per group).
             for i, piece in zip(range(sl.start, sl.stop), pieces, strict=True):
                 out[i] = piece
         return out
+
+    def _unary_samples(self, params, X_c, offsets, S, rngs):
+        """Posterior samples (K, S, n_tokens, V) of a chunk's unary potentials,
+        each sequence's from its own generator in ``rngs``.
+
+        Inducing features with diagonal covariances sample in the stacked
+        form (one compiled pass, a token's lone features in one draw); other
+        models sequence by sequence, one draw per inducing variable. Both
+        have the same distribution.
+        """
+        K, V, _ = params.q_mu.shape
+        if not params.full_covariance:
+            layout = self.inducing_.chunk_layout(X_c, offsets)
+            stacked = self.inducing_.stacked_projection(self._inducing_state, layout)
+            if stacked is not None:
+                return sample_unary_stacked(
+                    params, stacked, layout.row_starts, offsets, S, rngs
+                )
+        projection = self._project(X_c, offsets)
+        residual_sd = np.sqrt(projection.residual)
+        unary = np.empty((K, S, X_c.shape[0], V))
+        for n, rng in enumerate(rngs):
+            t0, t1 = offsets[n], offsets[n + 1]
+            if t1 == t0:
+                continue
+            one = Projection(
+                projection.rows[n : n + 1], projection.B[n : n + 1],
+                projection.residual[t0:t1],
+            )
+            unary[:, :, t0:t1], _, _ = sample_unary(
+                params, one, residual_sd[t0:t1], S, rng
+            )
+        return unary
 
     def _predict_marginals_ess(self, sequences):
         """GPstruct's prediction: marginals averaged over the kept samples of
@@ -1258,13 +1281,10 @@ GroupedLinearKernel`: automatic relevance determination per group).
         """Posterior mean of the unary potentials, (n_tokens, n_classes)."""
         if hasattr(self, "ess_"):
             return self.ess_.mean_unary(X_c)
-        projection = self._project(X_c, offsets)
         mean_mu = np.einsum("k,kvm->vm", self.weights_, self.q_mu_)
-        pieces = [
-            (mean_mu if rows is None else mean_mu[:, rows]) @ B_n
-            for rows, B_n in zip(projection.rows, projection.B, strict=True)
-        ]
-        return np.concatenate(pieces, axis=1).T
+        return self.inducing_.mean_potentials(
+            self.kernel_, self._inducing_state, X_c, mean_mu
+        )
 
     def predict(self, X):
         """Most probable labelling of every sequence.

@@ -13,7 +13,8 @@ pairing of fits with and without the cache (on a short fit of the shared
 data), the hyperparameters bench_ess samples at (fixed, or those a
 variational fit learns), run_suite's Table 1 rows for both ESS steps,
 section 2's summary of every model that ran (with the suite's report of
-it), and bench_prior_draws' two ways of drawing on a synthetic design.
+it), the prediction times against the CRF's (table and ratios), and
+bench_prior_draws' two ways of drawing on a synthetic design.
 """
 
 import importlib
@@ -136,6 +137,43 @@ def test_run_suite_reports_the_fit_time_against_both_crf_grids(run_suite):
     # 2/1 and 3/1 against the protocol's CRF; 2/4 and 3/2 against the wide one.
     assert cells[-2] == f"2.5x ({np.std([2.0, 3.0], ddof=1):.1f})"
     assert cells[-1] == f"1.0x ({np.std([0.5, 1.5], ddof=1):.1f})"
+
+
+def test_prediction_times_against_the_crf(common, run_suite):
+    def fold(k, gp, crf):
+        return {
+            "fold": k,
+            "gp": {"error": 5.0, "fit_time": 1.0, "n_iter": 10, "converged": True,
+                   "calibration": {"nll": 0.3, "ece": 0.02},
+                   "predict_time": gp[0], "marginals_time": gp[1]},
+            "crf": {"error": 6.0, "total_time": 1.0,
+                    "predict_time": crf[0], "marginals_time": crf[1]},
+            "logreg": {"error": 7.0},
+        }
+
+    folds = [fold(0, (0.002, 0.060), (0.010, 0.030)),
+             fold(1, (0.004, 0.090), (0.010, 0.030))]
+    rows = common.prediction_rows({"seg": folds})
+    # predict 2 and 4 ms against 10 (0.2x, 0.4x); marginals 60 and 90 ms
+    # against 30 (2x, 3x): ratios per fold, then averaged.
+    sd = np.std([0.2, 0.4], ddof=1)
+    assert rows == [[
+        "seg", f"3.0 ms ({np.std([2.0, 4.0], ddof=1):.1f})", "10.0 ms (0.0)",
+        f"0.30x ({sd:.2f})", f"75.0 ms ({np.std([60.0, 90.0], ddof=1):.1f})",
+        "30.0 ms (0.0)", f"2.50x ({np.std([2.0, 3.0], ddof=1):.2f})",
+    ]]
+    # Folds of earlier JSON (no times) are left out, and a data set with
+    # none gives no row.
+    old = fold(2, (0.0, 0.0), (0.0, 0.0))
+    del old["gp"]["marginals_time"], old["crf"]["marginals_time"]
+    assert common.prediction_rows({"seg": [*folds, old]}) == rows
+    assert common.prediction_rows({"seg": [old]}) == []
+    payload = {"results": {"seg": folds}, "gp_options": {}}
+    report = run_suite.table1_section({"steps": {}}, {"table1-batch": payload})
+    assert "### Prediction time on the test fold" in report
+    row = next(line for line in report.splitlines()
+               if line.startswith("| seg |") and "75.0 ms" in line)
+    assert "| 0.30x" in row and "| 2.50x" in row
 
 
 def test_section2_reports_every_model_that_ran(bench_section2, run_suite):

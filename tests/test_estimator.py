@@ -599,6 +599,32 @@ def test_predict_marginals_are_distributions(data, fitted, n_components):
     assert_clearly_better_than_chance(y_test, argmax)
 
 
+def test_stacked_prediction_samples_agree_with_the_per_row_draws(
+    data, fitted, monkeypatch
+):
+    # Inducing features with diagonal covariances sample predict_marginals
+    # in the stacked form (a token's lone features in one draw); without a
+    # stacked projection every inducing variable is drawn on its own. Same
+    # distribution, different random numbers: with 4,000 samples the two
+    # estimates of every marginal agree to Monte Carlo error (a marginal's
+    # standard error is at most 0.5 / sqrt(4000) = 0.008 per estimate).
+    _, _, X_test, _ = data
+    model = copy.deepcopy(fitted).set_params(n_predict_samples=4000)
+    X = X_test[:3]
+    stacked = model.predict_marginals(X)
+    called = []
+
+    def no_stacked_form(state, layout):
+        called.append(layout)
+        return None
+
+    monkeypatch.setattr(model.inducing_, "stacked_projection", no_stacked_form)
+    per_row = model.predict_marginals(X)
+    assert len(called) == 1
+    difference = max(np.abs(a - b).max() for a, b in zip(stacked, per_row, strict=True))
+    assert 0 < difference < 0.04
+
+
 def test_decode_marginal_is_argmax_of_predict_marginals(data, fitted):
     _, _, X_test, _ = data
     model = copy.deepcopy(fitted).set_params(decode="marginal")

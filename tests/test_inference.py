@@ -39,7 +39,12 @@ from skgpstruct.inference.posterior import (
     kl_unary,
     kl_unary_diagonal_packed,
 )
-from skgpstruct.inference.terms import Chunk, SharedState, chunk_terms
+from skgpstruct.inference.terms import (
+    Chunk,
+    SharedState,
+    chunk_terms,
+    sample_unary_stacked,
+)
 from skgpstruct.kernels import GroupedLinearKernel, LinearKernel, RBFKernel
 from skgpstruct.likelihoods import ChainCRF, Likelihood
 
@@ -642,6 +647,19 @@ def test_stacked_kernels_against_the_sparse_product_reference(dtype):
             )
 
 
+def _assert_gaussian(samples, mean, cov):
+    """``samples`` (S, T) have mean ``mean`` (to 4 standard errors of the
+    widest token) and covariance ``cov`` (to 5 % of its largest variance)."""
+    sd = np.sqrt(np.diag(cov))
+    np.testing.assert_allclose(
+        samples.mean(axis=0), mean, atol=4 * sd.max() / np.sqrt(len(samples))
+    )
+    np.testing.assert_allclose(
+        np.cov(samples, rowvar=False).reshape(cov.shape), cov,
+        atol=0.05 * cov.diagonal().max(),
+    )
+
+
 @pytest.mark.parametrize("dense", [False, True])
 def test_stacked_samples_have_each_sequence_s_gaussian(dense):
     # The stacked form samples the lone rows through one draw per token;
@@ -678,18 +696,59 @@ def test_stacked_samples_have_each_sequence_s_gaussian(dense):
             mean = B_n.T @ params.q_mu[0, j, rows]
             cov = B_n.T @ (params.q_sqrt[0, j, rows, None] ** 2 * B_n)
             cov += floor * np.eye(t1 - t0)
-            samples = f[:, t0:t1, j]
-            sd = np.sqrt(np.diag(cov))
-            np.testing.assert_allclose(
-                samples.mean(axis=0), mean, atol=4 * sd.max() / np.sqrt(S)
-            )
-            np.testing.assert_allclose(
-                np.cov(samples, rowvar=False).reshape(cov.shape), cov,
-                atol=0.05 * cov.diagonal().max(),
-            )
+            _assert_gaussian(f[:, t0:t1, j], mean, cov)
     # Tokens of a sequence are correlated (the bias row at least).
     first = f[:, offsets[0] : offsets[1], 0]
     assert np.corrcoef(first, rowvar=False)[0, 1] > 0.05
+
+
+@pytest.mark.parametrize("dense", [False, True])
+def test_prediction_samples_have_each_sequence_s_gaussian(dense):
+    # predict_marginals samples a chunk in the stacked form with each
+    # sequence's noise from its own generator (sample_unary_stacked, single
+    # precision): every sequence must have the Gaussian of eq. 18-19 (no
+    # residual: inducing features are exact), per mixture component, and
+    # sequences must be independent of each other. 40,000 samples, as above.
+    rng = np.random.default_rng(5)
+    X, X_chunk, offsets, kernel = _stacked_problem(dense, rng)
+    inducing = InducingFeatures(X.shape[1])
+    K, S = 2, 40_000
+    params = _random_params(rng, K, False, M=inducing.n_inducing)
+    scales = inducing.prepare(kernel)
+    layout = inducing.chunk_layout(X_chunk, offsets)
+    stacked = inducing.stacked_projection(scales, layout)
+    n_seq = len(offsets) - 1
+
+    def sample(seeds):
+        rngs = [np.random.default_rng(seed) for seed in seeds]
+        return sample_unary_stacked(
+            params, stacked, layout.row_starts, offsets, S, rngs
+        )
+
+    f = sample(range(n_seq))
+    assert f.shape == (K, S, offsets[-1], V) and f.dtype == np.float64
+    blocks = list(_sequence_blocks(X, offsets, X.shape[1]))
+    for n, (rows, values) in enumerate(blocks):
+        t0, t1 = offsets[n], offsets[n + 1]
+        if t1 == t0:
+            continue
+        B_n = scales[rows][:, None] * values
+        for k in range(K):
+            for j in range(V):
+                mean = B_n.T @ params.q_mu[k, j, rows]
+                cov = B_n.T @ (params.q_sqrt[k, j, rows, None] ** 2 * B_n)
+                _assert_gaussian(f[k, :, t0:t1, j], mean, cov)
+    # Sequences 0 and 2 share the bias and may share features, yet each has
+    # its own draw: their tokens are uncorrelated.
+    between = np.corrcoef(f[0, :, 0, 0], f[0, :, offsets[2], 0])[0, 1]
+    assert abs(between) < 4 / np.sqrt(S)
+    # A sequence's samples come from its own generator only.
+    other = sample([0, 11, 12, 13])
+    np.testing.assert_array_equal(other[:, :, : offsets[1]], f[:, :, : offsets[1]])
+    assert not np.array_equal(other[:, :, offsets[2] :], f[:, :, offsets[2] :])
+    other = sample([10, 1, 2, 3])
+    np.testing.assert_array_equal(other[:, :, offsets[1] :], f[:, :, offsets[1] :])
+    assert not np.array_equal(other[:, :, : offsets[1]], f[:, :, : offsets[1]])
 
 
 def test_stacked_chunk_agrees_with_the_per_sequence_loop_in_expectation():

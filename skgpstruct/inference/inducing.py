@@ -369,6 +369,14 @@ class InducingPoints:
         pieces = [B[:, offsets[n] : offsets[n + 1]] for n in range(n_seq)]
         return Projection([None] * n_seq, pieces, residual, cache=B)
 
+    def mean_potentials(self, kernel, L_zz, X, mean):
+        """Posterior mean of the latent functions at the tokens ``X``:
+        ``(mean @ B).T``, of shape (n_tokens, V) for ``mean`` (V, M)."""
+        B = linalg.solve_triangular(
+            L_zz, kernel(self.Z, X), lower=True, check_finite=False
+        )
+        return (mean @ B).T
+
     def backward(self, kernel, L_zz, X, projection, d_B, d_residual):
         """Chunk part of the gradient: (d L_zz, d theta) from d B and d residual.
 
@@ -541,6 +549,15 @@ class InducingFeatures:
             pieces.append(scales[rows_n][:, None] * U_n)
             rows.append(rows_n)
         return Projection(rows, pieces, np.zeros(X.shape[0]), cache=unscaled)
+
+    @staticmethod
+    def mean_potentials(kernel, scales, X, mean):
+        """Posterior mean of the latent functions at the tokens ``X``, of
+        shape (n_tokens, V) for ``mean`` (V, n_features + 1): one sparse
+        product, ``X (c m)^T`` plus the bias's share (no per-sequence
+        projection is needed: each token's mean is its own)."""
+        weights = (mean[:, :-1] * scales[:-1]).T
+        return np.asarray(X @ weights) + scales[-1] * mean[:, -1]
 
     def backward(self, kernel, scales, X, projection, d_B, d_residual):
         """Gradient w.r.t. the feature scales (returned as the state gradient)."""

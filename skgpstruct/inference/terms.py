@@ -348,6 +348,57 @@ def sample_unary(params, projection, residual_sd, S, rng, cache=None):
     return unary, draws, xi
 
 
+def sample_unary_stacked(
+    params, stacked, row_starts, offsets, S, rngs, dtype=np.float32
+):
+    """Samples of a chunk's unary potentials in the stacked form, each
+    sequence's from its own generator.
+
+    The distribution of :func:`sample_unary`'s samples (every sequence its
+    own draw of its inducing variables, the lone rows of a token summed into
+    one draw: see :class:`~skgpstruct.inference.inducing.StackedProjection`)
+    from fewer random numbers and in one compiled pass over the chunk.
+
+    Parameters
+    ----------
+    params : VariationalParameters
+        With diagonal covariances.
+    stacked : StackedProjection
+        The chunk's stacked projection (exact: no residual variance).
+    row_starts : ndarray of int64 of shape (n_sequences + 1,)
+        Sequence ``n`` owns the stacked rows ``row_starts[n]:row_starts[n + 1]``
+        (:class:`~skgpstruct.inference.inducing.FeatureLayout`).
+    offsets : ndarray of int64 of shape (n_sequences + 1,)
+    S : int
+        Samples per mixture component.
+    rngs : sequence of numpy.random.Generator
+        One per sequence: its drawn rows' noise, then its tokens' noise, come
+        from it alone, so that a sequence's samples do not depend on the
+        other sequences of the chunk.
+    dtype : {numpy.float32, numpy.float64}, default=numpy.float32
+        Precision of the noise and of the sums (single precision: one Monte
+        Carlo draw's sampling error dwarfs its rounding, as in the fit).
+
+    Returns
+    -------
+    unary : ndarray of shape (K, S, n_tokens, V)
+    """
+    K, V, _ = params.q_mu.shape
+    split = stacked.split
+    # The drawn rows are stacked rows in increasing order: each sequence's
+    # are a contiguous run of them.
+    drawn_starts = np.searchsorted(split.drawn, row_starts)
+    eps = np.empty((split.drawn.size, K * V, S), dtype=dtype)
+    xi = np.empty((K, S, split.n_tokens, V), dtype=dtype)
+    for n, rng in enumerate(rngs):
+        d0, d1 = drawn_starts[n], drawn_starts[n + 1]
+        t0, t1 = offsets[n], offsets[n + 1]
+        eps[d0:d1] = rng.standard_normal((d1 - d0, K * V, S), dtype=dtype)
+        xi[:, :, t0:t1] = rng.standard_normal((K, S, t1 - t0, V), dtype=dtype)
+    state = _stacked_state(params, stacked, 0.0, dtype)
+    return _stacked_unary(state, eps, xi)
+
+
 def _tile_pairwise(params, noise, K):
     """Pairwise samples (K * S, V, V): the same S draws for every component."""
     samples = params.pairwise_mean[None] + params.pairwise_std[None] * noise
