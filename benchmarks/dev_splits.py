@@ -147,7 +147,7 @@ def dev_pool(data_dir, name):
 def _mean_unaries(model, X):
     """The model's posterior mean unaries of the stacked ``X``, and offsets."""
     X_c, offsets = stack_sequences(X)
-    return model._mean_potentials(X_c, offsets), offsets
+    return model._mean_potentials(X_c), offsets
 
 
 def decode_with(model, X, pairwise):

@@ -50,6 +50,9 @@ __all__ = ["GPStructClassifier"]
 # A chunk closes once it holds this many tokens. Fixed (never derived from
 # n_jobs) so that results are bit-identical for every n_jobs and backend.
 CHUNK_TOKENS = 2000
+#: Most bytes of random numbers ``predict_marginals`` draws at once: a chunk
+#: whose stacked samples need more is sampled in halves.
+PREDICT_NOISE_BYTES = 32 * 2**20
 # L-BFGS iterations per round of the score estimator (samples are redrawn
 # from the current posterior between rounds).
 SCORE_ROUND_SIZE = 10
@@ -1219,6 +1222,22 @@ GroupedLinearKernel`: automatic relevance determination per group).
             layout = self.inducing_.chunk_layout(X_c, offsets)
             stacked = self.inducing_.stacked_projection(self._inducing_state, layout)
             if stacked is not None:
+                # float32 noise of the drawn rows and of the tokens
+                n_noise = (stacked.split.drawn.size + X_c.shape[0]) * K * V * S
+                n_seq = len(offsets) - 1
+                if 4 * n_noise > PREDICT_NOISE_BYTES and n_seq > 1:
+                    # Halve the chunk: a sequence's samples do not depend on
+                    # the others, so the result is the same.
+                    half = n_seq // 2
+                    t = offsets[half]
+                    unary = np.empty((K, S, X_c.shape[0], V))
+                    unary[:, :, :t] = self._unary_samples(
+                        params, X_c[:t], offsets[: half + 1], S, rngs[:half]
+                    )
+                    unary[:, :, t:] = self._unary_samples(
+                        params, X_c[t:], offsets[half:] - t, S, rngs[half:]
+                    )
+                    return unary
                 return sample_unary_stacked(
                     params, stacked, layout.row_starts, offsets, S, rngs
                 )
@@ -1277,7 +1296,7 @@ GroupedLinearKernel`: automatic relevance determination per group).
             self.kernel_, self._inducing_state, X_c, offsets
         )
 
-    def _mean_potentials(self, X_c, offsets):
+    def _mean_potentials(self, X_c):
         """Posterior mean of the unary potentials, (n_tokens, n_classes)."""
         if hasattr(self, "ess_"):
             return self.ess_.mean_unary(X_c)
@@ -1312,7 +1331,7 @@ GroupedLinearKernel`: automatic relevance determination per group).
                     out[i] = self.classes_[:0]
                 continue
             labels, _ = chain.viterbi(
-                self._mean_potentials(X_c, offsets),
+                self._mean_potentials(X_c),
                 self._decoding_pairwise(self.pairwise_mean_), offsets,
             )
             for i, piece in zip(range(sl.start, sl.stop),

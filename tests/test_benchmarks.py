@@ -320,8 +320,7 @@ def test_mean_potential_marginals_match_enumeration(dev_splits):
         model.fit(X, y)
     x = [X[0][:2]]
     marginals = dev_splits.mean_potential_marginals(model, x)[0]
-    offsets = np.array([0, 2])
-    unary = model._mean_potentials(np.asarray(x[0]), offsets)
+    unary = model._mean_potentials(np.asarray(x[0]))
     pairwise = model.pairwise_mean_
     scores = np.array([
         [unary[0, a] + unary[1, b] + pairwise[a, b] for b in range(2)]

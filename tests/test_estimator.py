@@ -625,6 +625,29 @@ def test_stacked_prediction_samples_agree_with_the_per_row_draws(
     assert 0 < difference < 0.04
 
 
+def test_predict_marginals_in_halves_under_a_noise_budget(data, fitted, monkeypatch):
+    # A chunk whose stacked samples need more random numbers than
+    # PREDICT_NOISE_BYTES is sampled in halves, down to one sequence: every
+    # sequence's samples come from its own generator, so the marginals do
+    # not change.
+    _, _, X_test, _ = data
+    X = list(X_test[:6])
+    whole = fitted.predict_marginals(X)
+    calls = []
+    original = GPStructClassifier._unary_samples
+
+    def counted(self, params, X_c, offsets, S, rngs):
+        calls.append(len(offsets) - 1)
+        return original(self, params, X_c, offsets, S, rngs)
+
+    monkeypatch.setattr(GPStructClassifier, "_unary_samples", counted)
+    monkeypatch.setattr(estimator_module, "PREDICT_NOISE_BYTES", 1)
+    halves = fitted.predict_marginals(X)
+    assert calls[0] == 6 and sorted(calls).count(1) == 6
+    for a, b in zip(whole, halves, strict=True):
+        np.testing.assert_allclose(b, a, rtol=0, atol=1e-12)
+
+
 def test_decode_marginal_is_argmax_of_predict_marginals(data, fitted):
     _, _, X_test, _ = data
     model = copy.deepcopy(fitted).set_params(decode="marginal")
@@ -644,7 +667,7 @@ def test_pairwise_uncertainty_in_predict_marginals(data, fitted):
     model = copy.deepcopy(fitted)
     model.q_sqrt_ = np.zeros_like(fitted.q_sqrt_)
     assert np.all(model.pairwise_std_ > 0)
-    unary = model._mean_potentials(*stack_sequences(x))
+    unary = model._mean_potentials(stack_sequences(x)[0])
     expected = enumerate_one(unary, model.pairwise_mean_)[1]
     np.testing.assert_allclose(model.predict_marginals(x)[0], expected, atol=1e-4)
     model.set_params(pairwise_uncertainty=True)
