@@ -758,6 +758,18 @@ def read_json(path):
         return None
 
 
+def add_timing_arguments(parser, rounds):
+    """``--data``, ``--rounds`` (default ``rounds``), ``--min-time`` and
+    ``--out``: the options of the benchmarks that time calls in rounds."""
+    parser.add_argument("--data", default=str(DEFAULT_DATA_DIR), metavar="DIR")
+    parser.add_argument("--rounds", type=int, default=rounds,
+                        help=f"alternating rounds of every call (default {rounds})")
+    parser.add_argument("--min-time", type=float, default=0.5, metavar="SECONDS",
+                        help="least time of one round's measurement of one call")
+    parser.add_argument("--out", metavar="FILE", help="also write the rows as JSON")
+    return parser
+
+
 def seconds_per_call(func, min_time):
     """Mean seconds per call of ``func`` over at least ``min_time`` seconds."""
     calls, start = 0, time.perf_counter()

@@ -26,7 +26,7 @@ import sys
 import numpy as np
 from _common import (
     DATASETS,
-    DEFAULT_DATA_DIR,
+    add_timing_arguments,
     check_data_dir,
     command_line,
     environment,
@@ -75,13 +75,7 @@ def measure(name, X, n_labels, block, rounds, min_time):
 
 def main(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--data", default=str(DEFAULT_DATA_DIR), metavar="DIR")
-    parser.add_argument("--rounds", type=int, default=5,
-                        help="alternating rounds of both ways (default 5)")
-    parser.add_argument("--min-time", type=float, default=0.5, metavar="SECONDS",
-                        help="least time of one round's measurement of one way")
-    parser.add_argument("--out", metavar="FILE", help="also write the rows as JSON")
-    args = parser.parse_args(argv)
+    args = add_timing_arguments(parser, rounds=5).parse_args(argv)
     data_dir = check_data_dir(args.data)
     print(f"command: {command_line()}")
     rows = []

@@ -8,7 +8,7 @@ import warnings
 
 import numpy as np
 import scipy.sparse as sp
-from joblib import Parallel
+from joblib import Parallel, delayed
 from sklearn.base import BaseEstimator, clone
 from sklearn.exceptions import ConvergenceWarning
 from sklearn.utils.validation import check_is_fitted
@@ -368,6 +368,9 @@ GroupedLinearKernel`: automatic relevance determination per group).
         Threads by default (the chunk terms release the GIL); a backend from
         joblib's context takes precedence, e.g. ``parallel_config("loky")``
         for processes or ``parallel_config("dask")`` for a cluster.
+        ``predict_marginals`` samples its chunks of sequences in as many
+        threads, whatever the context's backend. The result does not depend
+        on ``n_jobs``.
     random_state : int, RandomState instance or None, default=None
         Seeds inducing-point choice and Monte Carlo samples. The same seed
         gives the same model for any ``n_jobs`` and backend.
@@ -1172,7 +1175,7 @@ GroupedLinearKernel`: automatic relevance determination per group).
             return self._predict_marginals_ess(sequences)
         _check_flag(self, "pairwise_uncertainty")
         params = self._params()
-        K, V, _ = params.q_mu.shape
+        V = params.q_mu.shape[1]
         S = self.n_predict_samples
         # Per-sequence unary draws seeded by the sequence's own features and,
         # with pairwise_uncertainty, the same pairwise draws for every call:
@@ -1183,30 +1186,39 @@ GroupedLinearKernel`: automatic relevance determination per group).
             pairwise += params.pairwise_std * np.random.default_rng(
                 self._predict_seed
             ).standard_normal((S, V, V))
-        out = [None] * len(sequences)
-        for sl, X_c, offsets in self._chunks(sequences):
-            if X_c is None:
-                for i in range(sl.start, sl.stop):
-                    out[i] = np.zeros((0, V))
-                continue
-            rngs = [
-                np.random.default_rng(
-                    [self._predict_seed, _sequence_fingerprint(sequences[i])]
+        # Chunks in threads (with n_jobs and more than one chunk): the
+        # sampling and forward-backward kernels release the GIL, and every
+        # sequence's draws are its own, so the result does not depend on
+        # n_jobs.
+        chunks = list(self._chunks(sequences))
+        n_jobs = self.n_jobs if len(chunks) > 1 else None
+        with single_blas_thread():
+            per_chunk = Parallel(n_jobs=n_jobs, backend="threading")(
+                delayed(self._chunk_marginals)(
+                    params, pairwise, sequences[sl], X_c, offsets
                 )
-                for i in range(sl.start, sl.stop)
-            ]
-            unary = self._unary_samples(params, X_c, offsets, S, rngs)
-            marg = np.zeros((X_c.shape[0], V))
-            for k in range(K):
-                _, m_k, _ = chain.forward_backward(
-                    unary[k], self._decoding_pairwise(pairwise), offsets
-                )
-                marg += params.weights[k] * m_k.mean(axis=0)
-            marg /= marg.sum(axis=1, keepdims=True)
-            pieces = split_by_offsets(marg, offsets)
-            for i, piece in zip(range(sl.start, sl.stop), pieces, strict=True):
-                out[i] = piece
-        return out
+                for sl, X_c, offsets in chunks
+            )
+        return [piece for pieces in per_chunk for piece in pieces]
+
+    def _chunk_marginals(self, params, pairwise, sequences, X_c, offsets):
+        """:meth:`predict_marginals` of one chunk: a list of (T_n, V) arrays."""
+        K, V, _ = params.q_mu.shape
+        if X_c is None:  # only zero-length sequences
+            return [np.zeros((0, V)) for _ in sequences]
+        rngs = [
+            np.random.default_rng([self._predict_seed, _sequence_fingerprint(x)])
+            for x in sequences
+        ]
+        unary = self._unary_samples(params, X_c, offsets, len(pairwise), rngs)
+        marg = np.zeros((X_c.shape[0], V))
+        for k in range(K):
+            _, m_k, _ = chain.forward_backward(
+                unary[k], self._decoding_pairwise(pairwise), offsets
+            )
+            marg += params.weights[k] * m_k.mean(axis=0)
+        marg /= marg.sum(axis=1, keepdims=True)
+        return split_by_offsets(marg, offsets)
 
     def _unary_samples(self, params, X_c, offsets, S, rngs):
         """Posterior samples (K, S, n_tokens, V) of a chunk's unary potentials,

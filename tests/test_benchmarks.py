@@ -13,8 +13,9 @@ pairing of fits with and without the cache (on a short fit of the shared
 data), the hyperparameters bench_ess samples at (fixed, or those a
 variational fit learns), run_suite's Table 1 rows for both ESS steps,
 section 2's summary of every model that ran (with the suite's report of
-it), the prediction times against the CRF's (table and ratios), and
-bench_prior_draws' two ways of drawing on a synthetic design.
+it), the prediction times against the CRF's (table and ratios),
+bench_prior_draws' two ways of drawing on a synthetic design and
+bench_predict's row on synthetic data.
 """
 
 import importlib
@@ -60,6 +61,7 @@ run_suite = _module_fixture("run_suite")
 bench_table1 = _module_fixture("bench_table1")
 bench_section2 = _module_fixture("bench_section2")
 bench_prior_draws = _module_fixture("bench_prior_draws")
+bench_predict = _module_fixture("bench_predict")
 
 
 def test_bench_ess_hyperparameters_fixed_or_learned(bench_ess):
@@ -355,6 +357,26 @@ def test_difference_rows_cover_every_peer_that_ran(common):
         ["toy", "CRF", "+0.00 (1.00)", "1 of 2"],
         ["toy", "LR", "-0.50 (0.50)", "1 of 2"],
     ]
+
+
+def test_bench_predict_row(bench_predict, monkeypatch):
+    # One data set's row on synthetic data: every column, the GP's
+    # marginals bit-identical at n_jobs 1 and 2 (several chunks), the
+    # ratios those of the timed calls.
+    pytest.importorskip("sklearn_crfsuite")
+    import skgpstruct._estimator as estimator_module
+    from skgpstruct.datasets import make_sequences
+
+    monkeypatch.setattr(estimator_module, "CHUNK_TOKENS", 50)
+    X, y = make_sequences(n_sequences=24, n_features=6, sparse=True, random_state=0)
+    names = np.array([f"f{j}" for j in range(X[0].shape[1])])
+    data = (X[:12], y[:12], X[12:], y[12:], names)
+    row = bench_predict.measure("synthetic", data, rounds=2, min_time=0.01)
+    assert list(row) == bench_predict.COLUMNS
+    assert row["identical"] == "yes"
+    assert row["test tokens"] == sum(len(s) for s in y[12:])
+    for column in bench_predict.COLUMNS[2:-1]:
+        assert np.isfinite(row[column]) and row[column] > 0
 
 
 def test_crfsuite_grids_share_the_inner_cv(common):

@@ -648,6 +648,20 @@ def test_predict_marginals_in_halves_under_a_noise_budget(data, fitted, monkeypa
         np.testing.assert_allclose(b, a, rtol=0, atol=1e-12)
 
 
+def test_predict_marginals_do_not_depend_on_n_jobs(data, fitted, monkeypatch):
+    # With n_jobs, predict_marginals samples its chunks in threads; every
+    # sequence's draws are its own, so the marginals are bit-identical.
+    _, _, X_test, _ = data
+    monkeypatch.setattr(estimator_module, "CHUNK_TOKENS", 10)
+    X = list(X_test[:8])
+    assert len(chunk_slices([len(x) for x in X], 10)) > 2
+    one = fitted.predict_marginals(X)
+    for n_jobs in (2, -1):
+        model = copy.deepcopy(fitted).set_params(n_jobs=n_jobs)
+        for a, b in zip(one, model.predict_marginals(X), strict=True):
+            np.testing.assert_array_equal(b, a)
+
+
 def test_decode_marginal_is_argmax_of_predict_marginals(data, fitted):
     _, _, X_test, _ = data
     model = copy.deepcopy(fitted).set_params(decode="marginal")

@@ -1,0 +1,154 @@
+"""Prediction at n_jobs=1 and 2 threads, beside sklearn-crfsuite's.
+
+For each data set: a batch GP and a CRF (``c2=0.1``; the regularisation
+does not change what a prediction costs) fitted on Table 1's fold 0, and
+as test set every sequence of the data set outside the Table 1 pool (the
+dev pool of ``dev_splits.py``: thousands of tokens, several of the
+estimator's chunks). ``predict`` and ``predict_marginals`` are timed in
+alternating rounds: the GP with ``n_jobs=1`` and ``n_jobs=2`` (the
+chunks of ``predict_marginals`` in threads; ``predict`` does not use
+``n_jobs``), the CRF beside them (its input, crfsuite's feature dicts,
+built beforehand and not timed). Printed per data set: test tokens,
+milliseconds per call (best of the rounds), the GP's times over the CRF's
+and n_jobs=1 over n_jobs=2 (medians of the rounds' ratios), and whether
+the marginals at both n_jobs are bit-identical.
+
+Run from the repository root (sklearn-crfsuite from the ``bench`` extra)::
+
+    OPENBLAS_NUM_THREADS=1 python benchmarks/bench_predict.py [--rounds R]
+"""
+
+import argparse
+import sys
+import warnings
+
+import numpy as np
+from _common import (
+    CRF_MISSING,
+    DATASETS,
+    _crf_marginals,
+    _fit_crf,
+    add_timing_arguments,
+    check_data_dir,
+    command_line,
+    crfsuite_available,
+    environment,
+    fold_split,
+    load_pool,
+    markdown_table,
+    read_folds,
+    seconds_per_call,
+    take,
+    template_features,
+    to_crfsuite,
+    write_json,
+)
+from dev_splits import dev_pool
+
+from skgpstruct import GPStructClassifier
+
+COLUMNS = [
+    "data set", "test tokens", "GP predict ms", "CRF predict ms",
+    "GP / CRF predict", "GP predict_marginals ms (n_jobs=1)",
+    "GP predict_marginals ms (n_jobs=2)", "CRF predict_marginals ms",
+    "GP (n_jobs=1) / CRF marginals", "n_jobs=1 / n_jobs=2 marginals",
+    "identical",
+]
+
+
+def fold_and_pool(data_dir, dataset):
+    """Fold 0's training features and labels, and the dev pool's features
+    and labels (the vocabulary of the training fold)."""
+    tokens, labels, template = load_pool(data_dir, dataset)
+    train, _ = fold_split(read_folds(data_dir, dataset), 0, dataset.n_train)
+    test_tokens, test_labels, _ = dev_pool(data_dir, dataset.name)
+    X_train, X_test, names, _ = template_features(
+        template, take(tokens, train), test_tokens
+    )
+    return X_train, take(labels, train), X_test, test_labels, np.asarray(names)
+
+
+def measure(name, data, rounds, min_time):
+    """One data set's row (see the module docstring)."""
+    X_train, y_train, X_test, y_test, names = data
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        gp = GPStructClassifier(random_state=0).fit(X_train, y_train)
+    C_train, C_test = to_crfsuite(X_train, names), to_crfsuite(X_test, names)
+    crf = _fit_crf(C_train, y_train, 0.1)
+    one = gp.predict_marginals(X_test)
+    two = gp.set_params(n_jobs=2).predict_marginals(X_test)
+    identical = all(np.array_equal(a, b) for a, b in zip(one, two, strict=True))
+
+    def marginals(n_jobs):
+        return lambda: gp.set_params(n_jobs=n_jobs).predict_marginals(X_test)
+
+    calls = {
+        "gp predict": lambda: gp.predict(X_test),
+        "crf predict": lambda: crf.predict(C_test),
+        "gp marginals 1": marginals(1),
+        "gp marginals 2": marginals(2),
+        "crf marginals": lambda: _crf_marginals(crf, C_test),
+    }
+    times = {key: [] for key in calls}
+    for _ in range(rounds):
+        for key, call in calls.items():
+            times[key].append(seconds_per_call(call, min_time))
+
+    def best_ms(key):
+        return 1e3 * min(times[key])
+
+    def median_ratio(a, b):
+        return float(np.median(np.divide(times[a], times[b])))
+
+    return {
+        "data set": name,
+        "test tokens": int(sum(len(s) for s in y_test)),
+        "GP predict ms": best_ms("gp predict"),
+        "CRF predict ms": best_ms("crf predict"),
+        "GP / CRF predict": median_ratio("gp predict", "crf predict"),
+        "GP predict_marginals ms (n_jobs=1)": best_ms("gp marginals 1"),
+        "GP predict_marginals ms (n_jobs=2)": best_ms("gp marginals 2"),
+        "CRF predict_marginals ms": best_ms("crf marginals"),
+        "GP (n_jobs=1) / CRF marginals": median_ratio("gp marginals 1",
+                                                      "crf marginals"),
+        "n_jobs=1 / n_jobs=2 marginals": median_ratio("gp marginals 1",
+                                                      "gp marginals 2"),
+        "identical": "yes" if identical else "NO",
+    }
+
+
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--datasets", nargs="+", choices=list(DATASETS),
+                        default=list(DATASETS), metavar="NAME")
+    args = add_timing_arguments(parser, rounds=3).parse_args(argv)
+    data_dir = check_data_dir(args.data)
+    if not crfsuite_available():
+        print(CRF_MISSING)
+        return 1
+    print(f"command: {command_line()}")
+    rows = []
+    for name in args.datasets:
+        data = fold_and_pool(data_dir, DATASETS[name])
+        rows.append(measure(name, data, args.rounds, args.min_time))
+        print(f"  {name}: done", flush=True)
+    print()
+    print(markdown_table(COLUMNS, [
+        [row[c] if isinstance(row[c], str | int)
+         else (f"{row[c]:.2f}x" if "/" in c else f"{row[c]:.1f}")
+         for c in COLUMNS]
+        for row in rows
+    ]))
+    print()
+    print("Milliseconds: best of the rounds (each the mean over calls lasting "
+          f"at least {args.min_time:g} s); ratios: median of the rounds' ratios.")
+    print(f"command: {command_line()}")
+    if args.out:
+        write_json(args.out, {"command": command_line(),
+                              "environment": environment(), "rows": rows})
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
