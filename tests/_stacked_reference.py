@@ -4,7 +4,9 @@ The same sums written with scipy's sparse products, as the library computed
 them before the compiled loops: the lone entries as a (tokens x inducing)
 matrix, the drawn rows as a (rows x tokens) one, and a gather matrix that
 sums per-row values into their inducing variables. Used by the tests and
-by ``benchmarks/bench_stacked.py``.
+by ``benchmarks/bench_stacked.py``. Also the stacked layout of a chunk
+built sequence by sequence (:func:`layout_by_sequence`), as the library
+built it before its vectorised ``InducingFeatures.chunk_layout``.
 """
 
 from dataclasses import dataclass
@@ -81,3 +83,44 @@ def backward(sparse, c, sd, token_sd, eps, xi, g):
     u_g = (sparse.U_drawn @ g_tks.reshape(T, -1)).reshape(eps.shape)
     d_cs += sparse.drawn_gather @ np.einsum("iks,iks->ik", u_g, eps)
     return np.asarray(d_cm), np.asarray(d_cs)
+
+
+def layout_by_sequence(n_features, X, offsets, compact):
+    """``(rows, support, row_starts, U)`` of a chunk, one sequence at a time.
+
+    Each sequence's active features (sorted; duplicates summed, stored
+    zeros kept) and then its bias (``n_features``) are its stacked rows;
+    ``U`` (stacked rows x tokens) holds their values at its tokens and a 1
+    for the bias at every token. With ``compact`` the rows are numbered
+    within the features active anywhere and the bias (``support``, None
+    when that is all of them).
+    """
+    X = sp.csr_matrix(X, copy=True)
+    rows, coords_row, coords_token, values = [], [], [], []
+    n_stacked = 0
+    for n in range(len(offsets) - 1):
+        t0, t1 = int(offsets[n]), int(offsets[n + 1])
+        X_n = X[t0:t1]
+        X_n.sum_duplicates()
+        active = np.unique(X_n.indices).astype(np.int64)
+        coo = X_n.tocoo()
+        coords_row += [n_stacked + np.searchsorted(active, coo.col),
+                       np.full(t1 - t0, n_stacked + active.size)]
+        coords_token += [t0 + coo.row, np.arange(t0, t1)]
+        values += [coo.data, np.ones(t1 - t0)]
+        rows.append(np.append(active, n_features))
+        n_stacked += active.size + 1
+    support = None
+    if compact:
+        support = np.unique(np.concatenate(rows))
+        if support.size == n_features + 1:
+            support = None
+        else:
+            rows = [np.searchsorted(support, r) for r in rows]
+    U = sp.csr_matrix(
+        (np.concatenate(values), (np.concatenate(coords_row),
+                                  np.concatenate(coords_token))),
+        shape=(n_stacked, X.shape[0]),
+    )
+    row_starts = np.concatenate([[0], np.cumsum([r.size for r in rows])])
+    return rows, support, row_starts, U

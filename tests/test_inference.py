@@ -373,6 +373,67 @@ def _sequence_blocks(X, offsets, n_features):
         )
 
 
+@pytest.mark.parametrize("compact", [False, True])
+@pytest.mark.parametrize("dense", [False, True])
+def test_chunk_layout_matches_the_sequence_by_sequence_construction(dense, compact):
+    # The vectorised layout against one built sequence by sequence: empty
+    # sequences, entries given twice (summed), a stored zero (kept as an
+    # entry), and a feature active nowhere (so that compact layouts
+    # restrict).
+    rng = np.random.default_rng(8)
+    n_features = 15
+    lengths = [4, 0, 6, 1, 0, 5]
+    offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
+    T = offsets[-1]
+    X = rng.uniform(0.5, 2.0, (T, n_features)) * (rng.random((T, n_features)) < 0.3)
+    X[:, 7:9] = 0.0
+    X[0, 3] = X[2, 3] = 1.0  # a feature repeated within a sequence
+    if dense:
+        X_chunk = X
+    else:
+        # CSR arrays as given (a COO constructor would sum the duplicates):
+        # token 5 lists feature 1 twice more, token 9 stores a zero.
+        extra = {5: [(1, 0.25), (1, 0.25)], 9: [(7, 0.0)]}
+        indptr, indices, data = [0], [], []
+        for t in range(T):
+            cols = np.flatnonzero(X[t])
+            pairs = [(c, X[t, c]) for c in cols] + extra.get(t, [])
+            indices += [c for c, _ in pairs]
+            data += [v for _, v in pairs]
+            indptr.append(len(indices))
+        X_chunk = sp.csr_matrix((data, indices, indptr), shape=X.shape)
+        assert not X_chunk.has_canonical_format
+    inducing = InducingFeatures(n_features)
+    layout = inducing.chunk_layout(X_chunk, offsets, compact=compact)
+    rows, support, row_starts, U = stacked_reference.layout_by_sequence(
+        n_features, X_chunk, offsets, compact
+    )
+    if compact:
+        np.testing.assert_array_equal(layout.support, support)
+    else:
+        assert layout.support is None
+    np.testing.assert_array_equal(layout.row_starts, row_starts)
+    assert len(layout.rows) == len(rows)
+    for a, b in zip(layout.rows, rows, strict=True):
+        np.testing.assert_array_equal(a, b)
+    np.testing.assert_array_equal(layout.stacked_rows, np.concatenate(rows))
+    n_space = inducing.n_inducing if support is None else support.size
+    expected = RowSplit.of(U, np.concatenate(rows), n_space)
+    for name in ("drawn", "drawn_rows", "indptr", "inducing", "value",
+                 "entry_drawn", "row_indptr", "row_token", "row_value"):
+        np.testing.assert_array_equal(
+            getattr(layout.split, name), getattr(expected, name), err_msg=name
+        )
+    # The stored zero (token 9 of sequence 2, feature 7) is an entry of the
+    # sparse chunk; feature 8 is active nowhere.
+    rows_2 = layout.rows[2]
+    if layout.support is not None:
+        rows_2 = layout.support[rows_2]
+    assert (7 in rows_2) is not dense
+    if compact:
+        assert 8 not in layout.support
+
+
 @pytest.mark.parametrize("dense", [False, True])
 def test_stacked_projection_blocks_are_the_sequences_features(dense):
     # Both the per-sequence projection and the stacked one (drawn rows and

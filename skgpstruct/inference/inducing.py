@@ -451,45 +451,53 @@ class InducingFeatures:
         -------
         layout : FeatureLayout
         """
-        X = sp.csr_matrix(X)
-        n_tokens = X.shape[0]
-        rows = []
-        # The stacked form, as coordinates (stacked row, token, value).
-        stack_rows, stack_tokens, stack_values = [], [], []
-        bias_row = np.array([self.n_features], dtype=np.int64)
-        n_stacked = 0
-        for t0, t1, X_n, active in _sequence_features(X, offsets):
-            coo = X_n.tocoo()
-            local_row = np.searchsorted(active, coo.col)
-            rows.append(np.concatenate([active, bias_row]))
-            bias_index = n_stacked + active.size
-            stack_rows += [n_stacked + local_row, np.full(t1 - t0, bias_index)]
-            stack_tokens += [t0 + coo.row, np.arange(t0, t1)]
-            stack_values += [coo.data, np.ones(t1 - t0)]
-            n_stacked += active.size + 1
+        # Canonical CSR (sorted indices, duplicates summed; explicit zeros
+        # kept, as entries), without touching the caller's matrix.
+        X = sp.csr_matrix(X, copy=True)
+        X.sum_duplicates()
+        n_tokens, F = X.shape
+        offsets = np.asarray(offsets, dtype=np.int64)
+        n_seq = offsets.size - 1
+        # Every entry's token and sequence; each sequence's active features
+        # are its distinct (sequence, feature) pairs, in order.
+        token = np.repeat(np.arange(n_tokens, dtype=np.int64), np.diff(X.indptr))
+        sequence_of_token = np.repeat(
+            np.arange(n_seq, dtype=np.int64), np.diff(offsets)
+        )
+        keys = sequence_of_token[token] * F + X.indices
+        pairs, pair_of_entry = np.unique(keys, return_inverse=True)
+        pair_sequence = pairs // F
+        n_active = np.bincount(pair_sequence, minlength=n_seq)
+        # Sequence n owns the stacked rows row_starts[n]:row_starts[n + 1]:
+        # its active features, then its bias.
+        row_starts = np.zeros(n_seq + 1, dtype=np.int64)
+        np.cumsum(n_active + 1, out=row_starts[1:])
+        first_pair = np.zeros(n_seq + 1, dtype=np.int64)
+        np.cumsum(n_active, out=first_pair[1:])
+        pair_row = row_starts[pair_sequence] + (
+            np.arange(pairs.size) - first_pair[pair_sequence]
+        )
+        bias_rows = row_starts[1:] - 1
+        all_rows = np.full(row_starts[-1], self.n_features, dtype=np.int64)
+        all_rows[pair_row] = pairs % F
         support = None
         if compact:
-            support = np.unique(np.concatenate(rows)) if rows else bias_row
+            support = np.unique(all_rows)
             if support.size == self.n_inducing:
                 # Every feature is active in the chunk: local numbers are the
                 # global ones, and restricting would only copy every array.
                 support = None
             else:
-                rows = [np.searchsorted(support, r) for r in rows]
-        if stack_rows:
-            coords = (np.concatenate(stack_rows), np.concatenate(stack_tokens))
-            values = np.concatenate(stack_values).astype(np.float64)
-        else:
-            coords = (np.zeros(0, np.int64), np.zeros(0, np.int64))
-            values = np.zeros(0)
-        U = sp.csr_matrix((values, coords), shape=(n_stacked, n_tokens))
-        all_rows = np.concatenate(rows) if rows else np.zeros(0, np.int64)
+                all_rows = np.searchsorted(support, all_rows)
+        coords = (
+            np.concatenate([pair_row[pair_of_entry], bias_rows[sequence_of_token]]),
+            np.concatenate([token, np.arange(n_tokens, dtype=np.int64)]),
+        )
+        values = np.concatenate([X.data, np.ones(n_tokens)]).astype(np.float64)
+        U = sp.csr_matrix((values, coords), shape=(row_starts[-1], n_tokens))
         n_space = self.n_inducing if support is None else support.size
-        row_starts = np.concatenate(
-            [[0], np.cumsum([r.size for r in rows])]
-        ).astype(np.int64)
         # Each sequence's rows as a view of the stacked ones: one copy kept.
-        rows = np.split(all_rows, row_starts[1:-1]) if rows else []
+        rows = np.split(all_rows, row_starts[1:-1]) if n_seq else []
         return FeatureLayout(
             rows, support, row_starts, all_rows, RowSplit.of(U, all_rows, n_space),
         )
