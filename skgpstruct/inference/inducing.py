@@ -261,11 +261,12 @@ class RowSplit:
         drawn = np.flatnonzero(per_row != 1).astype(np.int64)
         position = np.full(n_rows, -1, dtype=np.int32)
         position[drawn] = np.arange(drawn.size)
-        entries = U.tocoo()
-        by_token = np.argsort(entries.col, kind="stable")
-        row_of = entries.row[by_token]
-        indptr = np.zeros(n_tokens + 1, dtype=np.int64)
-        np.cumsum(np.bincount(entries.col, minlength=n_tokens), out=indptr[1:])
+        # The entries token by token, each token's in row order: the CSC
+        # form (a counting sort, no comparison sort).
+        by_token = U.tocsc()
+        by_token.sort_indices()
+        row_of = by_token.indices.astype(np.int64)
+        indptr = by_token.indptr.astype(np.int64)
         rows = np.asarray(rows, dtype=np.int64)
         if rows.size and not 0 <= rows.min() <= rows.max() < n_inducing:
             raise ValueError(f"rows must lie in [0, {n_inducing})")
@@ -276,7 +277,7 @@ class RowSplit:
             rows[drawn],
             indptr,
             inducing,
-            np.ascontiguousarray(entries.data[by_token], dtype=np.float32),
+            np.ascontiguousarray(by_token.data, dtype=np.float32),
             position[row_of],
             U_drawn.indptr.astype(np.int64),
             U_drawn.indices.astype(np.int32),
