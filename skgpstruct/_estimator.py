@@ -164,7 +164,10 @@ def _sequence_fingerprint(X_n):
     digest = hashlib.blake2b(digest_size=8)
     if sp.issparse(X_n):
         X_n = X_n.tocsr()
-        X_n.sort_indices()
+        if not X_n.has_sorted_indices:
+            # a sorted copy: the caller's matrix (maybe in another thread of
+            # predict_marginals) is never changed
+            X_n = X_n.sorted_indices()
         for part in (X_n.indptr, X_n.indices, X_n.data):
             digest.update(np.ascontiguousarray(part).tobytes())
     else:

@@ -70,7 +70,11 @@ def check_sequence_features(X, *, name="X", n_features=None, allow_empty=False):
     for i, seq in enumerate(X):
         if sp.issparse(seq):
             seq = sp.csr_matrix(seq, dtype=np.float64)
-            seq.sum_duplicates()
+            if not seq.has_canonical_format:
+                # csr_matrix may share the caller's arrays: sort and sum a
+                # copy, never the caller's matrix
+                seq = seq.copy()
+                seq.sum_duplicates()
             values = seq.data
             kinds.add("sparse")
         else:

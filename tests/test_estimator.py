@@ -662,6 +662,36 @@ def test_predict_marginals_do_not_depend_on_n_jobs(data, fitted, monkeypatch):
             np.testing.assert_array_equal(b, a)
 
 
+def test_unsorted_sparse_input_is_left_as_given(data, fitted):
+    # A CSR sequence whose column indices are not sorted: its predictions
+    # are those of the sorted matrix (the same sequence), and neither
+    # prediction nor fit changes the caller's matrix (predict_marginals may
+    # read it from several threads).
+    _, _, X_test, y_test = data
+    x = sp.csr_matrix(X_test[0])
+    reversed_rows = [
+        (x.indices[a:b][::-1], x.data[a:b][::-1])
+        for a, b in zip(x.indptr[:-1], x.indptr[1:], strict=True)
+    ]
+    unsorted = sp.csr_matrix(
+        (np.concatenate([d for _, d in reversed_rows]),
+         np.concatenate([i for i, _ in reversed_rows]), x.indptr.copy()),
+        shape=x.shape,
+    )
+    assert not unsorted.has_sorted_indices
+    indices = unsorted.indices.copy()
+    expected = fitted.predict_marginals([x])[0]
+    np.testing.assert_array_equal(fitted.predict_marginals([unsorted])[0], expected)
+    np.testing.assert_array_equal(fitted.predict([unsorted])[0], fitted.predict([x])[0])
+    np.testing.assert_array_equal(unsorted.indices, indices)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ConvergenceWarning)
+        GPStructClassifier(**{**FAST, "max_iter": 2}).fit(
+            [unsorted, *map(sp.csr_matrix, X_test[1:4])], y_test[:4]
+        )
+    np.testing.assert_array_equal(unsorted.indices, indices)
+
+
 def test_decode_marginal_is_argmax_of_predict_marginals(data, fitted):
     _, _, X_test, _ = data
     model = copy.deepcopy(fitted).set_params(decode="marginal")
