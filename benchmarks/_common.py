@@ -399,22 +399,24 @@ def run_crfsuite_grids(X_train, y_train, X_test, y_test, grids):
                 pred = crf.predict(take(X_train, va))
                 scores.append(token_accuracy(take(y_train, va), pred))
         cv_accuracy[c2], cv_time[c2] = float(np.mean(scores)), sw.seconds
-    refits = {}  # c2 -> (model, seconds), shared by grids that pick the same
+    # c2 -> (model, refit seconds, predict and predict_marginals seconds per
+    # call), shared by grids that pick the same c2: each model timed once
+    refits = {}
     out = {}
     for name, grid in grids.items():
         best = max(grid, key=lambda c: cv_accuracy[c])
         if best not in refits:
             with Stopwatch() as refit:
                 crf = _fit_crf(X_train, y_train, best)
-            refits[best] = (crf, refit.seconds)
-        crf, refit_time = refits[best]
+            refits[best] = (
+                crf, refit.seconds,
+                seconds_per_call(lambda crf=crf: crf.predict(X_test),
+                                 PREDICT_MIN_TIME),
+                seconds_per_call(lambda crf=crf: _crf_marginals(crf, X_test),
+                                 PREDICT_MIN_TIME),
+            )
+        crf, refit_time, predict_seconds, marginals_seconds = refits[best]
         marginals, classes = _crf_marginals(crf, X_test)
-        predict_seconds = seconds_per_call(
-            lambda crf=crf: crf.predict(X_test), PREDICT_MIN_TIME
-        )
-        marginals_seconds = seconds_per_call(
-            lambda crf=crf: _crf_marginals(crf, X_test), PREDICT_MIN_TIME
-        )
         out[name] = {
             "calibration": calibration(y_test, marginals, classes),
             "error": token_error(y_test, crf.predict(X_test)),

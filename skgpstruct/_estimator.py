@@ -1195,17 +1195,20 @@ GroupedLinearKernel`: automatic relevance determination per group).
         # n_jobs.
         chunks = list(self._chunks(sequences))
         n_jobs = self.n_jobs if len(chunks) > 1 else None
+        decoding = self._decoding_pairwise(pairwise)
         with single_blas_thread():
             per_chunk = Parallel(n_jobs=n_jobs, backend="threading")(
                 delayed(self._chunk_marginals)(
-                    params, pairwise, sequences[sl], X_c, offsets
+                    params, decoding, sequences[sl], X_c, offsets
                 )
                 for sl, X_c, offsets in chunks
             )
         return [piece for pieces in per_chunk for piece in pieces]
 
     def _chunk_marginals(self, params, pairwise, sequences, X_c, offsets):
-        """:meth:`predict_marginals` of one chunk: a list of (T_n, V) arrays."""
+        """:meth:`predict_marginals` of one chunk: a list of (T_n, V) arrays.
+
+        ``pairwise`` (S, V, V) are the transitions the chain decodes with."""
         K, V, _ = params.q_mu.shape
         if X_c is None:  # only zero-length sequences
             return [np.zeros((0, V)) for _ in sequences]
@@ -1216,9 +1219,7 @@ GroupedLinearKernel`: automatic relevance determination per group).
         unary = self._unary_samples(params, X_c, offsets, len(pairwise), rngs)
         marg = np.zeros((X_c.shape[0], V))
         for k in range(K):
-            _, m_k, _ = chain.forward_backward(
-                unary[k], self._decoding_pairwise(pairwise), offsets
-            )
+            _, m_k, _ = chain.forward_backward(unary[k], pairwise, offsets)
             marg += params.weights[k] * m_k.mean(axis=0)
         marg /= marg.sum(axis=1, keepdims=True)
         return split_by_offsets(marg, offsets)

@@ -361,10 +361,15 @@ class InducingPoints:
         )
         return L_zz
 
+    def _whitened(self, kernel, L_zz, X):
+        """``B = L_zz^{-1} K_zx``: the tokens' whitened projection."""
+        return linalg.solve_triangular(
+            L_zz, kernel(self.Z, X), lower=True, check_finite=False
+        )
+
     def project(self, kernel, L_zz, X, offsets, layout=None):
         """Projection of the tokens X (sequences delimited by offsets)."""
-        K_zx = kernel(self.Z, X)
-        B = linalg.solve_triangular(L_zz, K_zx, lower=True, check_finite=False)
+        B = self._whitened(kernel, L_zz, X)
         residual = np.maximum(kernel.diag(X) - np.einsum("mt,mt->t", B, B), 0.0)
         n_seq = len(offsets) - 1
         pieces = [B[:, offsets[n] : offsets[n + 1]] for n in range(n_seq)]
@@ -373,10 +378,7 @@ class InducingPoints:
     def mean_potentials(self, kernel, L_zz, X, mean):
         """Posterior mean of the latent functions at the tokens ``X``:
         ``(mean @ B).T``, of shape (n_tokens, V) for ``mean`` (V, M)."""
-        B = linalg.solve_triangular(
-            L_zz, kernel(self.Z, X), lower=True, check_finite=False
-        )
-        return (mean @ B).T
+        return (mean @ self._whitened(kernel, L_zz, X)).T
 
     def backward(self, kernel, L_zz, X, projection, d_B, d_residual):
         """Chunk part of the gradient: (d L_zz, d theta) from d B and d residual.
