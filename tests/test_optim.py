@@ -261,6 +261,50 @@ def test_products_kept_from_the_gradients_give_the_same_direction():
     )
 
 
+def test_single_precision_memory_gives_the_direction_to_single_precision():
+    # The products-kept path of minimize_lbfgs with the pairs stored in
+    # float32 (minimize_lbfgs' storage) against the same pairs in float64:
+    # the directions agree to about float32's resolution, and are those of
+    # the two-loop recursion on the rounded pairs.
+    n, m = 200, 6
+    B, b = _spd(n, 11)
+    rng = np.random.default_rng(12)
+    single = _CompactMemory(n, m, dtype=np.float32)
+    double = _CompactMemory(n, m)
+    assert single.pairs.dtype == np.float32 and double.pairs.dtype == np.float64
+    x = rng.normal(size=n)
+    g = B @ x - b
+    pairs = []
+    for _ in range(15):
+        direction = single.inverse_hessian_times(g, scale=-1.0)
+        reference = double.inverse_hessian_times(g, scale=-1.0)
+        assert direction.dtype == np.float64
+        scale = np.linalg.norm(reference)
+        assert np.linalg.norm(direction - reference) <= 1e-5 * scale
+        if pairs:
+            rounded = [
+                (s.astype(np.float32).astype(float), y.astype(np.float32).astype(float))
+                for s, y in pairs[-m:]
+            ]
+            expected = -_two_loop(rounded, g)
+            assert np.linalg.norm(direction - expected) <= 1e-5 * scale
+        out = np.empty(n)
+        assert single.inverse_hessian_times(g, scale=-1.0, out=out) is out
+        np.testing.assert_array_equal(out, direction)
+        s = 0.5 * reference + 0.1 * rng.normal(size=n)
+        g_new = B @ (x + s) - b
+        y = g_new - g
+        assert single.push(s, y, gradient=g_new, previous_gradient=g)
+        assert double.push(s, y, gradient=g_new, previous_gradient=g)
+        pairs.append((s, y))
+        x, g = x + s, g_new
+
+
+def test_compact_memory_rejects_other_storage():
+    with pytest.raises(ValueError, match="dtype must be float64 or float32"):
+        _CompactMemory(4, 2, dtype=np.float16)
+
+
 def _orthogonal(s, r):
     """A vector orthogonal to ``s``, 1000 times longer (so that the rounding
     error of ``s^T y``, about ``eps |s| |y|``, is far below ``eps y^T y``)."""
