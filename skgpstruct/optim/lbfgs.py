@@ -39,8 +39,9 @@ The method:
   L-BFGS-B). The pairs are stored in single precision: those passes are
   limited by memory bandwidth, and 20 pairs in single precision cost less
   than 10 in double. On the dev splits of ``benchmarks/dev_splits.py``
-  20 pairs took 10 to 20 % fewer iterations than 10, and single precision
-  as many as double.
+  20 pairs took 6 to 21 % fewer iterations than 10, and single precision
+  within a few iterations of double, at the same errors (doc/
+  benchmark_history.rst, commit 88f44e6).
 * **Step.** A strong Wolfe line search (:func:`scipy.optimize.line_search`,
   ``c1 = 1e-4``, ``c2 = 0.9``) trying the unit step first; with an empty
   memory (first iteration, after a reset) the steepest-descent direction is
