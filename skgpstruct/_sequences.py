@@ -11,6 +11,7 @@ import numpy as np
 import scipy.sparse as sp
 
 __all__ = [
+    "canonical_csr",
     "check_sequence_features",
     "check_sequence_labels",
     "offsets_from_lengths",
@@ -22,6 +23,21 @@ __all__ = [
 
 def _describe(obj):
     return type(obj).__name__
+
+
+def canonical_csr(X, dtype=np.float64):
+    """``X`` as a canonical CSR matrix (sorted indices, duplicates summed,
+    stored zeros kept), never changing the caller's matrix.
+
+    ``sp.csr_matrix`` shares a CSR input's arrays, so a matrix that is not
+    canonical is copied before it is sorted and summed; a canonical one is
+    returned without a copy (``dtype`` permitting).
+    """
+    X = sp.csr_matrix(X, dtype=dtype)
+    if not X.has_canonical_format:
+        X = X.copy()
+        X.sum_duplicates()
+    return X
 
 
 def check_sequence_features(X, *, name="X", n_features=None, allow_empty=False):
@@ -69,12 +85,7 @@ def check_sequence_features(X, *, name="X", n_features=None, allow_empty=False):
     kinds = set()
     for i, seq in enumerate(X):
         if sp.issparse(seq):
-            seq = sp.csr_matrix(seq, dtype=np.float64)
-            if not seq.has_canonical_format:
-                # csr_matrix may share the caller's arrays: sort and sum a
-                # copy, never the caller's matrix
-                seq = seq.copy()
-                seq.sum_duplicates()
+            seq = canonical_csr(seq)
             values = seq.data
             kinds.add("sparse")
         else:

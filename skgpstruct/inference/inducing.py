@@ -7,6 +7,7 @@ import scipy.sparse as sp
 from scipy import linalg
 
 from .._linalg import cholesky_backward, jitter_cholesky
+from .._sequences import canonical_csr
 
 __all__ = [
     "distinct_rows",
@@ -454,10 +455,8 @@ class InducingFeatures:
         -------
         layout : FeatureLayout
         """
-        # Canonical CSR (sorted indices, duplicates summed; explicit zeros
-        # kept, as entries), without touching the caller's matrix.
-        X = sp.csr_matrix(X, copy=True)
-        X.sum_duplicates()
+        # Explicit zeros are kept, as entries.
+        X = canonical_csr(X)
         n_tokens, F = X.shape
         offsets = np.asarray(offsets, dtype=np.int64)
         n_seq = offsets.size - 1

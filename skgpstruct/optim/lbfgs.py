@@ -197,15 +197,19 @@ class _CompactMemory:
 
     def _memory_times(self, g):
         """``memory @ g`` by slot (``s_j^T g, y_j^T g`` interleaved), kept."""
-        k = len(self.order)
-        products = self._memory(k) @ g.astype(self.dtype, copy=False)
-        products = products.astype(np.float64, copy=False)
+        products = self._times(g)
         self._products = (g, products)
         return products
 
     def _memory(self, k):
         """The ``k`` slots in use as one ``(2k, n)`` matrix (a view)."""
         return self.pairs[:k].reshape(2 * k, self.n)
+
+    def _times(self, v):
+        """``memory @ v`` (slots in use) in double precision: one pass over
+        the memory at its own precision."""
+        products = self._memory(len(self.order)) @ v.astype(self.dtype, copy=False)
+        return products.astype(np.float64, copy=False)
 
     def push(self, s, y, gradient=None, previous_gradient=None):
         """Store the pair ``(s, y)`` unless its curvature is not positive.
@@ -254,8 +258,7 @@ class _CompactMemory:
         else:
             # One pass over the memory: s_i^T y and y_i^T y for every slot i.
             self._products = None
-            products = self._memory(k) @ y.astype(self.dtype, copy=False)
-            products = products.astype(np.float64, copy=False)
+            products = self._times(y)
         self.sy[:k, slot] = products[0::2]
         self.yy[:k, slot] = products[1::2]
         self.yy[slot, :k] = products[1::2]
