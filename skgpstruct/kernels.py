@@ -38,6 +38,7 @@ Examples
 import abc
 import copy
 import inspect
+import math
 import numbers
 from typing import NamedTuple
 
@@ -221,18 +222,25 @@ def _check_bounds(bounds, name, n_elements):
     except (TypeError, ValueError):
         arr = None
     if arr is not None and arr.shape == (2,):
-        arr = np.tile(arr, (n_elements, 1))
-    if arr is None or arr.shape != (n_elements, 2):
+        # One pair for every element (the common case, checked as floats:
+        # this runs whenever a fit reads the hyperparameters).
+        low, high = float(arr[0]), float(arr[1])
+        valid = math.isfinite(low) and math.isfinite(high) and 0 < low <= high
+        arr = np.empty((n_elements, 2))
+        arr[:] = (low, high)
+    elif arr is None or arr.shape != (n_elements, 2):
         expected = "a pair (low, high)"
         if n_elements > 1:
             expected += f" or an array of shape ({n_elements}, 2)"
         raise ValueError(
             f"{name}_bounds must be 'fixed' or {expected}, got {bounds!r}"
         )
-    if not (
-        np.all(np.isfinite(arr)) and np.all(arr[:, 0] > 0) and
-        np.all(arr[:, 0] <= arr[:, 1])
-    ):
+    else:
+        valid = (
+            np.all(np.isfinite(arr)) and np.all(arr[:, 0] > 0) and
+            np.all(arr[:, 0] <= arr[:, 1])
+        )
+    if not valid:
         raise ValueError(
             f"{name}_bounds must satisfy 0 < low <= high with finite values "
             f"(they are used in log space), got {bounds!r}"
@@ -500,7 +508,7 @@ class Kernel(abc.ABC):
     @property
     def n_dims(self):
         """Number of free hyperparameters, ``len(self.theta)``."""
-        return len(self.theta)
+        return sum(h.value.size for h in self._free_hyperparameters())
 
     def clone_with_theta(self, theta):
         """Return a copy of this kernel with the given log hyperparameters.
@@ -855,15 +863,16 @@ class GroupedLinearKernel(Kernel):
             )
         if groups.min() < 0:
             raise ValueError("groups must be non-negative integers")
-        return groups.astype(np.int64)
+        return groups.astype(np.int64, copy=False)
 
     @property
     def n_groups(self):
         """Number of groups (``max(groups) + 1``)."""
         return int(self._groups().max()) + 1
 
-    def _values(self):
-        n_groups = self.n_groups
+    def _values(self, n_groups=None):
+        if n_groups is None:
+            n_groups = self.n_groups
         variance = np.asarray(self.variance, dtype=np.float64)
         if variance.ndim == 0:
             variance = np.full(n_groups, float(variance))
@@ -894,13 +903,17 @@ class GroupedLinearKernel(Kernel):
     def _set_hyperparameter(self, name, value):
         setattr(self, name, value)
 
-    def _column_variance(self, n_features):
+    def _column_variance(self, n_features, variance=None):
+        """Every column's prior variance (``variance``: the groups', when the
+        caller has validated them already)."""
         groups = self._groups()
         if groups.size != n_features:
             raise ValueError(
                 f"groups has {groups.size} entries but X has {n_features} features"
             )
-        return self._values()[0][groups]
+        if variance is None:
+            variance = self._values(int(groups.max()) + 1)[0]
+        return variance[groups]
 
     def _scaled(self, X):
         scale = np.sqrt(self._column_variance(X.shape[1]))
@@ -954,16 +967,27 @@ class GroupedLinearKernel(Kernel):
         ``k(x, x') = phi(x) . phi(x')``; used by inducing features.
         """
         variance, bias = self._values()
-        return np.sqrt(np.append(self._column_variance(n_features), bias))
+        return self._scales(n_features, variance, bias)
+
+    def _scales(self, n_features, variance, bias):
+        scales = np.empty(n_features + 1)
+        scales[:-1] = self._column_variance(n_features, variance)
+        scales[-1] = bias
+        return np.sqrt(scales, out=scales)
 
     def feature_scales_vjp(self, d_scales):
         """Gradient in :attr:`theta` from the gradient w.r.t. :meth:`feature_scales`."""
-        variance, bias = self._values()
-        free_v, free_b = self._free_flags()
-        scales = self.feature_scales(d_scales.size - 1)
+        # The hyperparameters validated once (values and bounds), as this
+        # runs at every evaluation of a fit's objective.
+        hyperparameters = self._hyperparameters()
+        variance, bias = (h.value for h in hyperparameters)
+        free_v, free_b = (h.bounds is not None for h in hyperparameters)
+        scales = self._scales(d_scales.size - 1, variance, bias[0])
         # scale = sqrt(var)  =>  d scale / d log var = scale / 2
         per_column = 0.5 * d_scales[:-1] * scales[:-1]
-        grad_v = self._group_sums(per_column)
+        grad_v = np.bincount(
+            self._groups(), weights=per_column, minlength=variance.size
+        )
         grad_b = 0.5 * d_scales[-1] * scales[-1]
         return _select_free([grad_v, grad_b], [free_v, free_b])
 

@@ -597,6 +597,29 @@ def test_check_kernel():
         )
 
 
+@pytest.mark.parametrize(
+    "bounds",
+    [(1.0, 0.5), (0.0, 1.0), (-1.0, 1.0), (1e-5, np.inf), (np.nan, 1.0),
+     np.array([[1e-5, 1e5], [2.0, 1.0]]), np.array([[1e-5, 1e5], [1e-5, np.nan]])],
+)
+def test_bounds_outside_zero_low_high_are_refused(bounds):
+    # One pair for every group, or a row per group: checked the same way.
+    from skgpstruct.kernels import GroupedLinearKernel
+
+    kernel = GroupedLinearKernel([0, 1, 1], variance_bounds=bounds)
+    with pytest.raises(ValueError, match="variance_bounds must satisfy 0 < low"):
+        kernel.clone_with_theta(np.zeros(3))
+
+
+def test_a_pair_of_bounds_is_every_groups_bounds():
+    from skgpstruct.kernels import GroupedLinearKernel
+
+    kernel = GroupedLinearKernel([0, 1, 2], variance_bounds=(0.1, 10.0))
+    np.testing.assert_allclose(
+        kernel.bounds, np.log([[0.1, 10.0]] * 3 + [[1e-5, 1e5]])
+    )
+
+
 # ---------------------------------------------------------------------------
 # Input validation
 # ---------------------------------------------------------------------------

@@ -269,7 +269,6 @@ class SparseELBO:
         layout = self.layout
         shared = self._shared_state(vector, iteration_key, reference)
         params, kernel, state = shared.params, shared.kernel, shared.inducing_state
-        theta = kernel.theta if shared.need_kernel_gradient else None
         if chunks is None:
             chunks = self.chunks
             results = self._map_chunks(parallel, shared)
@@ -289,7 +288,7 @@ class SparseELBO:
             np.zeros_like(params.pairwise_std),
         )
         d_state = None
-        d_theta = np.zeros_like(theta) if theta is not None else None
+        d_theta = np.zeros(layout.n_theta) if shared.need_kernel_gradient else None
         for chunk, res in zip(chunks, results, strict=True):
             support = self.inducing.support(chunk.layout)
             ell += res["ell"]
@@ -298,7 +297,7 @@ class SparseELBO:
             grads.weights += res["weights"]
             grads.pairwise_mean += res["pairwise_mean"]
             grads.pairwise_std += res["pairwise_std"]
-            if theta is not None:
+            if d_theta is not None:
                 d_theta += res["theta"]
                 if res["inducing_state"] is not None:
                     if d_state is None:
@@ -307,7 +306,7 @@ class SparseELBO:
         ell *= scale
         for g in grads.astuple():
             g *= scale
-        if theta is not None:
+        if d_theta is not None:
             d_theta *= scale
             if d_state is not None:
                 d_theta += self.inducing.finish_gradient(kernel, state, d_state * scale)
