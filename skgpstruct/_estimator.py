@@ -234,8 +234,11 @@ class GPStructClassifier(BaseEstimator):
         (``hyperprior_scale``), and Adam-scaled steps of size
         ``learning_rate / sqrt(epoch)`` (half that for the kernel and
         pairwise-prior hyperparameters). ``max_iter`` then counts epochs, and
-        the fit stops after ``n_iter_no_change`` epochs whose mean ELBO does
-        not beat the best epoch so far by ``tol`` (relative).
+        the fit stops after ``n_iter_no_change`` epochs whose ELBO estimate
+        does not beat the best epoch so far by ``tol`` (relative). The
+        estimate is kept as SAGA keeps its gradients: the last value of
+        every mini-batch's expected log-likelihood, summed, minus the KL
+        terms at the epoch's end.
     n_samples : int, default=8
         Monte Carlo samples per sequence (and component) in the ELBO. The
         score estimator needs more than the pathwise one (16 or more).
@@ -411,6 +414,9 @@ GroupedLinearKernel`: automatic relevance determination per group).
         posterior when the lone features were collapsed: a bound at least
         as tight) plus, with ``hyperprior_scale``, the hyperprior's log
         density without its constant (0 at the initial hyperparameters).
+        With ``optimizer="stochastic"``, one entry per epoch: the estimate
+        its stopping rule compares (see ``optimizer``), from fresh Monte
+        Carlo samples, so not exactly comparable with a batch fit's.
     n_iter_ : int
     ess_ : ESSPosterior
         Only with ``inference="ess"``: the kept samples (the variational

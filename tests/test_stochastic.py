@@ -287,6 +287,38 @@ def test_saga_stops_after_n_epochs_without_beating_the_best():
     assert result.converged
 
 
+def test_saga_history_sums_the_last_value_of_every_item():
+    # Items of very different sizes, drawn with replacement: the epoch's
+    # estimate is the sum of every item's last value (scaled up from the
+    # items seen while some are not) plus the exact term, whichever items
+    # the epoch happened to draw; the mean of the per-step estimates would
+    # follow the draws.
+    base = np.array([1.0, 10.0, 100.0, 1000.0])
+    calls = np.zeros(4)
+    expected, n_seen = [], []
+
+    def item(i, step, x):
+        calls[i] += 1
+        return base[i] + calls[i], np.zeros(1), np.zeros(1)
+
+    def callback(epoch, value, seconds):
+        seen = calls > 0
+        n_seen.append(int(seen.sum()))
+        last = base[seen] + calls[seen]
+        expected.append(4 * last.mean() + 0.5)
+
+    result = maximize_saga(
+        item, lambda record, x: record, lambda x: (0.5, np.zeros(1)),
+        np.zeros(1), 4, step_size=0.1, max_epochs=6, tol=0.0,
+        n_iter_no_change=100, rng=np.random.default_rng(1), callback=callback,
+    )
+    assert len(result.history) == 6
+    np.testing.assert_allclose(result.history, expected, rtol=1e-12)
+    # The first epoch's draws skipped an item (its estimate is scaled up);
+    # later ones saw every item, some more often than others.
+    assert n_seen[0] < 4 and n_seen[-1] == 4 and np.unique(calls).size > 1
+
+
 def _stochastic_objective(model_params, X, y):
     """The SparseELBO a stochastic fit builds (captured through evaluate_local)."""
     from skgpstruct.inference.elbo import SparseELBO

@@ -32,8 +32,13 @@ Steps are scaled per coordinate by Adam's moment estimates (Kingma and Ba,
 as ``step / sqrt(epoch)`` with epochs counted from 1. The fit stops, as
 scikit-learn's SGD does, after ``n_iter_no_change`` epochs that do not beat
 the best epoch by ``tol``, judged on a held-out score when one is given
-(the best point on it is returned) or on the epoch mean of the training
-objective. This module knows nothing of GPs.
+(the best point on it is returned) or on an estimate of the training
+objective. That estimate is kept as SAGA keeps its gradients: the last
+value computed for every item, summed, plus ``g`` at the epoch's last step.
+(The mean of an epoch's per-step estimates ``n_items * f_i(x) + g(x)``
+varies with which items the epoch happened to draw, which on a few items
+of different sizes is far noisier than the objective's own change from
+one epoch to the next.) This module knows nothing of GPs.
 """
 
 import time
@@ -108,7 +113,9 @@ class SAGAResult:
     n_steps : int
     converged : bool
     history : list of float
-        Per epoch, the mean of the per-step estimates of the objective.
+        Per epoch, the estimate of the objective at its end: the sum of the
+        last value computed for every item (scaled up from the items seen
+        so far while some are not) plus the exact term.
     validation_history : list of float
         Per epoch, the held-out score (empty without one).
     stored_bytes : int
@@ -206,6 +213,8 @@ def maximize_saga(
             "t": 0,
         }
     stored, total = state["stored"], state["total"]
+    # The last value of every item (NaN until it is first drawn).
+    item_values = state.setdefault("values", np.full(n_items, np.nan))
     beta1, beta2, eps = 0.9, 0.999, 1e-8
     # Work buffer of the update: a step allocates no n-vector of its own.
     direction = np.empty(n)
@@ -221,7 +230,6 @@ def maximize_saga(
             for record in stored:
                 if record is not None:
                     _add_scaled(total, expand(record, x))
-        values = []
         rate = np.ascontiguousarray(step_size / np.sqrt(epoch))
         for _ in range(n_items):
             i = int(rng.integers(n_items))
@@ -235,12 +243,13 @@ def maximize_saga(
             np.add(total, exact_grad, out=direction)
             _add_scaled(direction, delta, n_items)
             _add_scaled(total, delta)
-            values.append(n_items * value + exact_value)
+            item_values[i] = value
             adam_ascent_step(
                 x, state["m"], state["v"], direction, rate, beta1, beta2, eps,
                 state["t"], low, high,
             )
-        history.append(float(np.mean(values)))
+        seen = item_values[~np.isnan(item_values)]
+        history.append(float(n_items * seen.mean() + exact_value))
         if validation is not None:
             validation_history.append(float(validation(x)))
         score = history[-1] if validation is None else validation_history[-1]
