@@ -319,6 +319,41 @@ def test_saga_history_sums_the_last_value_of_every_item():
     assert n_seen[0] < 4 and n_seen[-1] == 4 and np.unique(calls).size > 1
 
 
+def test_saga_returns_the_average_of_the_epochs_end_points():
+    # A noisy least-squares problem: E epochs return the exponential average
+    # of the end points of epochs 1..E. The end point of epoch e is read off
+    # a longer run with the same generator (the x of epoch e + 1's first
+    # step): the fit is the same up to there.
+    from skgpstruct.optim.saga import AVERAGE_EPOCHS
+
+    rng = np.random.default_rng(3)
+    A, b = rng.normal(size=(6, 2)), rng.normal(size=6)
+    n_epochs = AVERAGE_EPOCHS + 4
+
+    def run(max_epochs, seen):
+        def item(i, step, x):
+            seen.append(x.copy())
+            g = A[i] * (b[i] - A[i] @ x) + 0.3 * np.sin(step)  # step noise
+            return -0.5 * (b[i] - A[i] @ x) ** 2, g, g.copy()
+
+        return maximize_saga(
+            item, lambda record, x: record, lambda x: (0.0, np.zeros(2)),
+            np.zeros(2), 6, step_size=0.2, max_epochs=max_epochs, tol=0.0,
+            n_iter_no_change=100, rng=np.random.default_rng(0),
+        )
+
+    result = run(n_epochs, [])
+    longer = []
+    run(n_epochs + 1, longer)
+    ends = [longer[6 * e] for e in range(1, n_epochs + 1)]
+    expected = ends[0].copy()
+    for e, end in enumerate(ends[1:], start=2):
+        expected += (end - expected) / min(e, AVERAGE_EPOCHS)
+    np.testing.assert_allclose(result.x, expected, rtol=1e-12)
+    # Not the last iterate: the average is another point.
+    assert not np.allclose(result.x, ends[-1])
+
+
 def _stochastic_objective(model_params, X, y):
     """The SparseELBO a stochastic fit builds (captured through evaluate_local)."""
     from skgpstruct.inference.elbo import SparseELBO

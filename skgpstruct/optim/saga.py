@@ -38,7 +38,15 @@ value computed for every item, summed, plus ``g`` at the epoch's last step.
 (The mean of an epoch's per-step estimates ``n_items * f_i(x) + g(x)``
 varies with which items the epoch happened to draw, which on a few items
 of different sizes is far noisier than the objective's own change from
-one epoch to the next.) This module knows nothing of GPs.
+one epoch to the next.)
+
+Adam's steps are scale-free: every coordinate moves by about the step
+size at every step, so the last iterate wanders around the optimum by
+about that much however long the fit runs. Without a held-out score the
+point returned is therefore an average of the iterates (Polyak and
+Juditsky, 1992): that of the epochs' end points, weighted exponentially
+over the last ``AVERAGE_EPOCHS`` epochs or so. With a held-out score, the
+point of its best epoch is returned. This module knows nothing of GPs.
 """
 
 import time
@@ -50,6 +58,11 @@ from .._vectors import adam_ascent_step
 from .box import bound_arrays
 
 __all__ = ["SAGAResult", "SparseGradient", "maximize_saga"]
+
+#: Without a held-out score, the point returned is the average of the
+#: epochs' end points, weighted exponentially over about this many epochs
+#: (uniformly over the first ones).
+AVERAGE_EPOCHS = 5
 
 
 @dataclass(frozen=True)
@@ -109,6 +122,8 @@ class SAGAResult:
     Attributes
     ----------
     x : ndarray
+        The average of the epochs' end points (see ``AVERAGE_EPOCHS``), or,
+        with a held-out score, the end point of its best epoch.
     n_epochs : int
     n_steps : int
     converged : bool
@@ -221,6 +236,7 @@ def maximize_saga(
     history, validation_history = [], []
     no_change, converged = 0, False
     best, best_x, best_epoch = -np.inf, None, 0
+    average = np.array(x)  # of the epochs' end points
     start = time.perf_counter()
     epoch = 0
     for epoch in range(1, max_epochs + 1):
@@ -250,6 +266,7 @@ def maximize_saga(
             )
         seen = item_values[~np.isnan(item_values)]
         history.append(float(n_items * seen.mean() + exact_value))
+        average += (x - average) / min(epoch, AVERAGE_EPOCHS)
         if validation is not None:
             validation_history.append(float(validation(x)))
         score = history[-1] if validation is None else validation_history[-1]
@@ -270,7 +287,7 @@ def maximize_saga(
             converged = True
             break
     if best_x is None:
-        best_x, best_epoch = x, epoch
+        best_x, best_epoch = average, epoch
     stored_bytes = sum(r.nbytes for r in stored if r is not None)
     result = SAGAResult(
         x=best_x,
