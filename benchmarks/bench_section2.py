@@ -531,7 +531,7 @@ def curve_table(reps):
                              for p in points], digits=2, unit=" MiB"),
         ])
     return markdown_table(
-        ["epochs", "error %", "fit time", "final ELBO (epoch mean)",
+        ["epochs", "error %", "fit time", "final ELBO (SAGA estimate)",
          "SAGA stored gradients"],
         rows,
     )

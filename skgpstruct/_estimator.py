@@ -238,7 +238,9 @@ class GPStructClassifier(BaseEstimator):
         does not beat the best epoch so far by ``tol`` (relative). The
         estimate is kept as SAGA keeps its gradients: the last value of
         every mini-batch's expected log-likelihood, summed, minus the KL
-        terms at the epoch's end.
+        terms at the epoch's end. The posterior returned is the average of
+        the epochs' end points, weighted exponentially over about five
+        epochs (with ``early_stopping``: the best held-out epoch's).
     n_samples : int, default=8
         Monte Carlo samples per sequence (and component) in the ELBO. The
         score estimator needs more than the pathwise one (16 or more).
@@ -253,7 +255,7 @@ class GPStructClassifier(BaseEstimator):
         all four CRF++ sets.
     n_iter_no_change : int, default=5
         Epochs without improvement before the stochastic optimiser stops
-        (the epoch-mean ELBO is a noisy estimate: keep this above 2 or 3).
+        (an epoch's ELBO estimate is noisy: keep this above 2 or 3).
         On small data sets, whose epochs are a few steps, a larger value
         (15) was more accurate on the dev splits at about three times the
         fit time (user guide, "Choosing the optimiser").
