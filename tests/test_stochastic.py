@@ -319,6 +319,23 @@ def test_saga_history_sums_the_last_value_of_every_item():
     assert n_seen[0] < 4 and n_seen[-1] == 4 and np.unique(calls).size > 1
 
 
+def test_saga_history_keeps_a_non_finite_item_value():
+    # An item whose value is NaN or -inf makes the estimate so; it is not
+    # taken for an item not drawn yet.
+    for bad in (np.nan, -np.inf):
+        def item(i, step, x, bad=bad):
+            return (bad if i == 0 else 1.0), np.zeros(1), np.zeros(1)
+
+        result = maximize_saga(
+            item, lambda record, x: record, lambda x: (0.0, np.zeros(1)),
+            np.zeros(1), 2, step_size=0.1, max_epochs=4, tol=0.0,
+            n_iter_no_change=100, rng=np.random.default_rng(0),
+        )
+        assert not np.isfinite(result.history[-1])
+        if bad == -np.inf:
+            assert result.history[-1] == -np.inf
+
+
 def test_saga_returns_the_average_of_the_epochs_end_points():
     # A noisy least-squares problem: E epochs return the exponential average
     # of the end points of epochs 1..E. The end point of epoch e is read off

@@ -228,8 +228,9 @@ def maximize_saga(
             "t": 0,
         }
     stored, total = state["stored"], state["total"]
-    # The last value of every item (NaN until it is first drawn).
-    item_values = state.setdefault("values", np.full(n_items, np.nan))
+    # The last value of every item, and whether it has been drawn yet.
+    item_values = state.setdefault("values", np.zeros(n_items))
+    drawn = state.setdefault("drawn", np.zeros(n_items, dtype=bool))
     beta1, beta2, eps = 0.9, 0.999, 1e-8
     # Work buffer of the update: a step allocates no n-vector of its own.
     direction = np.empty(n)
@@ -259,13 +260,12 @@ def maximize_saga(
             np.add(total, exact_grad, out=direction)
             _add_scaled(direction, delta, n_items)
             _add_scaled(total, delta)
-            item_values[i] = value
+            item_values[i], drawn[i] = value, True
             adam_ascent_step(
                 x, state["m"], state["v"], direction, rate, beta1, beta2, eps,
                 state["t"], low, high,
             )
-        seen = item_values[~np.isnan(item_values)]
-        history.append(float(n_items * seen.mean() + exact_value))
+        history.append(float(n_items * item_values[drawn].mean() + exact_value))
         average += (x - average) / min(epoch, AVERAGE_EPOCHS)
         if validation is not None:
             validation_history.append(float(validation(x)))
