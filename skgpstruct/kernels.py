@@ -870,9 +870,8 @@ class GroupedLinearKernel(Kernel):
         """Number of groups (``max(groups) + 1``)."""
         return int(self._groups().max()) + 1
 
-    def _values(self, n_groups=None):
-        if n_groups is None:
-            n_groups = self.n_groups
+    def _values(self):
+        n_groups = self.n_groups
         variance = np.asarray(self.variance, dtype=np.float64)
         if variance.ndim == 0:
             variance = np.full(n_groups, float(variance))
@@ -903,17 +902,13 @@ class GroupedLinearKernel(Kernel):
     def _set_hyperparameter(self, name, value):
         setattr(self, name, value)
 
-    def _column_variance(self, n_features, variance=None):
-        """Every column's prior variance (``variance``: the groups', when the
-        caller has validated them already)."""
+    def _column_variance(self, n_features):
         groups = self._groups()
         if groups.size != n_features:
             raise ValueError(
                 f"groups has {groups.size} entries but X has {n_features} features"
             )
-        if variance is None:
-            variance = self._values(int(groups.max()) + 1)[0]
-        return variance[groups]
+        return self._values()[0][groups]
 
     def _scaled(self, X):
         scale = np.sqrt(self._column_variance(X.shape[1]))
@@ -967,27 +962,15 @@ class GroupedLinearKernel(Kernel):
         ``k(x, x') = phi(x) . phi(x')``; used by inducing features.
         """
         variance, bias = self._values()
-        return self._scales(n_features, variance, bias)
-
-    def _scales(self, n_features, variance, bias):
-        scales = np.empty(n_features + 1)
-        scales[:-1] = self._column_variance(n_features, variance)
-        scales[-1] = bias
-        return np.sqrt(scales, out=scales)
+        return np.sqrt(np.append(self._column_variance(n_features), bias))
 
     def feature_scales_vjp(self, d_scales):
         """Gradient in :attr:`theta` from the gradient w.r.t. :meth:`feature_scales`."""
-        # The hyperparameters validated once (values and bounds), as this
-        # runs at every evaluation of a fit's objective.
-        hyperparameters = self._hyperparameters()
-        variance, bias = (h.value for h in hyperparameters)
-        free_v, free_b = (h.bounds is not None for h in hyperparameters)
-        scales = self._scales(d_scales.size - 1, variance, bias[0])
+        free_v, free_b = self._free_flags()
+        scales = self.feature_scales(d_scales.size - 1)
         # scale = sqrt(var)  =>  d scale / d log var = scale / 2
         per_column = 0.5 * d_scales[:-1] * scales[:-1]
-        grad_v = np.bincount(
-            self._groups(), weights=per_column, minlength=variance.size
-        )
+        grad_v = self._group_sums(per_column)
         grad_b = 0.5 * d_scales[-1] * scales[-1]
         return _select_free([grad_v, grad_b], [free_v, free_b])
 

@@ -237,7 +237,8 @@ def maximize_saga(
     history, validation_history = [], []
     no_change, converged = 0, False
     best, best_x, best_epoch = -np.inf, None, 0
-    average = np.array(x)  # of the epochs' end points
+    # Of the epochs' end points (the first epoch's replaces x0).
+    average = np.array(x)
     start = time.perf_counter()
     epoch = 0
     for epoch in range(1, max_epochs + 1):
@@ -266,8 +267,9 @@ def maximize_saga(
                 state["t"], low, high,
             )
         history.append(float(n_items * item_values[drawn].mean() + exact_value))
-        average += (x - average) / min(epoch, AVERAGE_EPOCHS)
-        if validation is not None:
+        if validation is None:
+            average += (x - average) / min(epoch, AVERAGE_EPOCHS)
+        else:
             validation_history.append(float(validation(x)))
         score = history[-1] if validation is None else validation_history[-1]
         if callback is not None:
