@@ -1,6 +1,7 @@
 """GPStructClassifier: the scikit-learn face of the structured GP."""
 
 import contextlib
+import dataclasses
 import hashlib
 import numbers
 import sys
@@ -56,6 +57,10 @@ PREDICT_NOISE_BYTES = 32 * 2**20
 # L-BFGS iterations per round of the score estimator (samples are redrawn
 # from the current posterior between rounds).
 SCORE_ROUND_SIZE = 10
+# Most bytes of Monte Carlo base samples SAGA's stored gradients keep during
+# a stochastic fit, so that reading a stored gradient back does not draw
+# them again (the same numbers either way; records beyond it draw them).
+SAGA_NOISE_BYTES = 256 * 2**20
 # Largest number of inducing features for which full covariances are allowed.
 _MAX_FULL_FEATURES = 2000
 
@@ -157,6 +162,40 @@ def _make_chunks(sequences, offsets, label_index, groups, seeds):
         ).astype(np.int64)
         chunks.append(Chunk(X_c, chunk_offsets, labels, chunk_seed))
     return chunks
+
+
+def _chunks_fingerprint(chunks):
+    """A digest of SAGA's items: every chunk's features, labels, sequence
+    boundaries and Monte Carlo seed. A stored SAGA state belongs to them."""
+    digest = hashlib.blake2b(digest_size=16)
+    for chunk in chunks:
+        digest.update(_sequence_fingerprint(chunk.X).to_bytes(8, "little"))
+        for part in (chunk.offsets, chunk.labels):
+            digest.update(np.ascontiguousarray(part, dtype=np.int64).tobytes())
+            digest.update(b"|")
+        digest.update(repr((chunk.seed.entropy, chunk.seed.spawn_key)).encode())
+    return digest.hexdigest()
+
+
+class _NoiseBudget:
+    """Which of SAGA's stored gradients keep their base samples.
+
+    An item's new record replaces its previous one, so the bytes kept are
+    those of each item's latest admitted record; a record is admitted while
+    their sum stays within ``limit``.
+    """
+
+    def __init__(self, limit):
+        self.limit, self.kept, self.total = limit, {}, 0
+
+    def admit(self, item, nbytes):
+        """Whether ``item``'s new record of ``nbytes`` of noise may keep it."""
+        self.total -= self.kept.pop(item, 0)
+        if self.total + nbytes > self.limit:
+            return False
+        self.kept[item] = nbytes
+        self.total += nbytes
+        return True
 
 
 def _sequence_fingerprint(X_n):
@@ -386,7 +425,10 @@ GroupedLinearKernel`: automatic relevance determination per group).
         If positive, print one progress line per iteration.
     warm_start : bool, default=False
         Start from the previous fit's inducing points, hyperparameters and
-        posterior (same classes and features required).
+        posterior (same classes and features required). A stochastic fit
+        also continues SAGA's stored gradients when its mini-batches are the
+        previous fit's (same data and ``random_state``), and starts them
+        afresh otherwise.
 
     Attributes
     ----------
@@ -428,9 +470,11 @@ GroupedLinearKernel`: automatic relevance determination per group).
         every iteration.
     saga_memory_bytes_ : int
         Only after ``optimizer="stochastic"`` or ``partial_fit``: bytes held
-        by SAGA's stored gradients (kept per mini-batch in the space of its
-        tokens' potentials, so they grow with the number of training tokens,
-        not with the number of inducing variables).
+        by SAGA's stored gradients at the end of the fit (kept per
+        mini-batch in the space of its tokens' potentials, so they grow with
+        the number of training tokens, not with the number of inducing
+        variables), with the Monte Carlo base samples they keep during the
+        fit (inducing features only; at most 256 MB).
     validation_score_history_ : list of float
         Only after ``optimizer="stochastic"`` with ``early_stopping=True``:
         the held-out expected log-likelihood per token after every epoch.
@@ -1070,8 +1114,15 @@ GroupedLinearKernel`: automatic relevance determination per group).
                 "estimator is available with optimizer='lbfgs'"
             )
 
+        budget = _NoiseBudget(SAGA_NOISE_BYTES)
+
         def item(i, step, x):
-            return objective.evaluate_local(x, i, step)
+            value, record, gradient = objective.evaluate_local(
+                x, i, step, keep_noise=True
+            )
+            if record.noise is not None and not budget.admit(i, record.noise_nbytes):
+                record = dataclasses.replace(record, noise=None)
+            return value, record, gradient
 
         def expand(record, x):
             return objective.expand_local(x, record)
@@ -1101,7 +1152,12 @@ GroupedLinearKernel`: automatic relevance determination per group).
                 ell = held_out.evaluate(x, parallel, include_kl=False).ell
                 return ell / n_held_tokens
 
-        warm = getattr(self, "_saga_state", None) if continue_state else None
+        # A stored state is continued only on the same items (data,
+        # mini-batches and seeds): another's records have other shapes.
+        items = _chunks_fingerprint(objective.chunks)
+        warm = None
+        if continue_state and getattr(self, "_saga_items", None) == items:
+            warm = getattr(self, "_saga_state", None)
         result = maximize_saga(
             item, expand, exact, x0, len(objective.chunks), step_size=step,
             max_epochs=max_epochs, tol=self.tol, bounds=bounds, rng=rng,
@@ -1109,7 +1165,13 @@ GroupedLinearKernel`: automatic relevance determination per group).
             callback=lambda epoch, value, seconds: progress(epoch, value, None),
             state=warm, validation=validation,
         )
-        self._saga_state = result.state
+        # The base samples only save time during the fit: the state kept
+        # for a warm start holds the gradients alone.
+        stored = result.state["stored"]
+        for i, record in enumerate(stored):
+            if record is not None and record.noise is not None:
+                stored[i] = dataclasses.replace(record, noise=None)
+        self._saga_state, self._saga_items = result.state, items
         self.saga_memory_bytes_ = result.stored_bytes
         if validation is not None:
             self.validation_score_history_ = result.validation_history

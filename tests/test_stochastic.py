@@ -1,5 +1,6 @@
 """Stochastic optimisation (SAGA) and partial_fit."""
 
+import dataclasses
 import warnings
 
 import numpy as np
@@ -7,6 +8,7 @@ import pytest
 from joblib import Parallel
 from sklearn.exceptions import ConvergenceWarning
 
+import skgpstruct._estimator as estimator_module
 from skgpstruct import GPStructClassifier
 from skgpstruct._vectors import adam_ascent_step
 from skgpstruct.datasets import make_sequences
@@ -447,6 +449,114 @@ def test_local_gradient_expands_to_the_full_gradient(data, model_params):
             np.testing.assert_allclose(
                 expanded, reference.gradient, rtol=1e-5, atol=1e-6 * scale,
             )
+            # A record that keeps its base samples (stacked form: inducing
+            # features) reads back to the same numbers without drawing them.
+            _, kept, _ = objective.evaluate_local(x, chunk_index, key, keep_noise=True)
+            assert record.noise is None
+            assert (kept.noise is not None) == compact
+            assert kept.nbytes == record.nbytes + kept.noise_nbytes
+            again = objective.expand_local(x, kept)
+            if compact:
+                np.testing.assert_array_equal(again.indices, indices)
+                again = again.toarray(x.size)
+            np.testing.assert_array_equal(again, expanded)
+
+
+def test_local_gradient_of_another_chunk_is_refused():
+    # Chunks of 2 sequences of different lengths: a record read back
+    # against another chunk (or with another chunk's noise) is an error,
+    # not a read past the end of its arrays.
+    X, y = make_sequences(8, random_state=5, length_range=(3, 12))
+    objective, x = _stochastic_objective(
+        dict(kernel="linear", batch_size=2, random_state=0), X, y
+    )
+    sizes = [chunk.n_tokens for chunk in objective.chunks]
+    other = next(i for i in range(1, len(sizes)) if sizes[i] != sizes[0])
+    _, record, _ = objective.evaluate_local(x, 0, 3, keep_noise=True)
+    with pytest.raises(ValueError, match="local must have shape"):
+        objective.expand_local(x, dataclasses.replace(record, chunk_index=other))
+    eps, xi = record.noise
+    with pytest.raises(ValueError, match="noise must be"):
+        objective.expand_local(
+            x, dataclasses.replace(record, noise=(eps[:, :, :1], xi))
+        )
+
+
+def test_noise_budget_keeps_the_latest_record_of_each_item():
+    budget = estimator_module._NoiseBudget(100)
+    assert budget.admit(0, 60)
+    assert not budget.admit(1, 60)  # 120 > 100
+    assert budget.admit(0, 30)  # replaces item 0's 60 bytes
+    assert budget.admit(1, 70)  # 30 + 70
+    assert not budget.admit(2, 1)
+    assert not budget.admit(1, 80)  # item 1's record is replaced by none
+    assert budget.total == 30 and budget.kept == {0: 30}
+    assert budget.admit(2, 70)
+
+
+@pytest.mark.parametrize("records", [0, 3])
+def test_kept_noise_gives_the_same_fit(monkeypatch, records):
+    # The budget of kept base samples changes the memory and the speed of a
+    # stochastic fit, not the fit: no noise kept, some, or all of it.
+    X, y = make_sequences(24, random_state=4)
+    params = dict(optimizer="stochastic", batch_size=2, max_iter=3,
+                  n_iter_no_change=10, random_state=0)
+    admitted, sizes = [], []
+    admit = estimator_module._NoiseBudget.admit
+
+    def spy(self, item, nbytes):
+        answer = admit(self, item, nbytes)
+        admitted.append(answer)
+        sizes.append(nbytes)
+        return answer
+
+    monkeypatch.setattr(estimator_module._NoiseBudget, "admit", spy)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ConvergenceWarning)
+        every = GPStructClassifier(**params).fit(X, y)
+        assert admitted and all(admitted)
+        admitted.clear()
+        # Room for the noise of about `records` of the 12 mini-batches.
+        limit = records * max(sizes)
+        monkeypatch.setattr(estimator_module, "SAGA_NOISE_BYTES", limit)
+        fewer = GPStructClassifier(**params).fit(X, y)
+    assert any(admitted) == (records > 0) and not all(admitted)
+    for name in ("q_mu_", "q_sqrt_", "pairwise_mean_", "pairwise_std_"):
+        np.testing.assert_array_equal(getattr(every, name), getattr(fewer, name))
+    assert every.elbo_history_ == fewer.elbo_history_
+    assert every.saga_memory_bytes_ > fewer.saga_memory_bytes_
+    # The state kept after the fit holds the gradients alone.
+    assert all(r.noise is None for r in every._saga_state["stored"] if r is not None)
+
+
+def test_warm_stochastic_fit_continues_saga_only_on_the_same_items(monkeypatch):
+    # Two data sets of as many mini-batches: a warm fit on the second starts
+    # SAGA afresh (the first one's stored gradients have other shapes; it
+    # used to read past their end), on the first continues it.
+    X, y = make_sequences(40, random_state=6)
+    states = []
+    run = estimator_module.maximize_saga
+
+    def spy(*args, **kwargs):
+        states.append(kwargs["state"])
+        return run(*args, **kwargs)
+
+    monkeypatch.setattr(estimator_module, "maximize_saga", spy)
+    model = GPStructClassifier(
+        optimizer="stochastic", warm_start=True, batch_size=2, max_iter=2,
+        random_state=0,
+    )
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ConvergenceWarning)
+        model.fit(X[:20], y[:20])
+        first = model._saga_state
+        model.fit(X[:20], y[:20])
+        assert states == [None, first]
+        assert model._saga_state is first  # continued in place
+        model.fit(X[20:], y[20:])
+    assert states[2] is None
+    assert model._saga_state["n_items"] == 10
+    assert np.all(np.isfinite(model.q_mu_))
 
 
 def test_saga_memory_grows_with_tokens_not_inducing_points(data):

@@ -185,8 +185,12 @@ def chunk_terms(chunk, shared, local=False):
         likelihood with respect to every sampled unary potential, shape
         (K, S, n_tokens, V). :func:`expand_local` maps it to ``q_mu`` and
         ``q_sqrt`` again (drawing the inducing noise anew from the iteration
-        key), so that a stored gradient takes memory in proportion to the
-        chunk's tokens, not to the number of inducing variables.
+        key, or taking it from ``noise``), so that a stored gradient takes
+        memory in proportion to the chunk's tokens, not to the number of
+        inducing variables. In the stacked form (inducing features,
+        diagonal covariances) ``noise`` is also returned: the base samples
+        ``(eps, xi)`` of :func:`_stacked_noise`, which ``expand_local`` can
+        reuse instead of drawing them again.
 
     Returns
     -------
@@ -194,7 +198,8 @@ def chunk_terms(chunk, shared, local=False):
         ``ell`` (float), ``q_mu`` (K, V, M), ``q_sqrt`` (shape of q_sqrt),
         ``weights`` (K,), ``pairwise_mean`` (V, V), ``pairwise_std`` (V, V),
         ``inducing_state`` (gradient w.r.t. the inducing state, or None),
-        ``theta`` (n_theta,) or None, and ``local`` when asked for.
+        ``theta`` (n_theta,) or None, and ``local`` (and in the stacked form
+        ``noise``) when asked for.
     """
     rng = _chunk_rng(chunk, shared.iteration_key)
     if local and shared.estimator != "pathwise":
@@ -443,7 +448,7 @@ def _sequence_d_v(B_n, g_unary, t0, t1):
     return d_v, g_n
 
 
-def expand_local(chunk, shared, local, iteration_key):
+def expand_local(chunk, shared, local, iteration_key, noise=None):
     """The q_mu and q_sqrt gradients of a local gradient (see :func:`chunk_terms`).
 
     Parameters
@@ -458,21 +463,48 @@ def expand_local(chunk, shared, local, iteration_key):
         The token-space gradient returned by ``chunk_terms(..., local=True)``.
     iteration_key : int
         The key it was computed with: the inducing noise is drawn again from
-        the chunk's generator at that key.
+        the chunk's generator at that key (unless ``noise`` is given).
+    noise : tuple of ndarray or None, default=None
+        Stacked form only: the base samples ``chunk_terms(..., local=True)``
+        returned with ``local`` (the same as drawing them again, without
+        the cost).
 
     Returns
     -------
     q_mu : ndarray of shape (K, V, M)
     q_sqrt : ndarray of the shape of ``shared.params.q_sqrt``
+
+    Raises
+    ------
+    ValueError
+        If ``local`` or ``noise`` does not have the shapes of this chunk's
+        (a gradient of another chunk).
     """
     params = shared.params
+    K, V, _ = params.q_mu.shape
+    S = local.shape[1] if local.ndim == 4 else -1
+    if local.shape != (K, S, chunk.n_tokens, V):
+        raise ValueError(
+            f"local must have shape (K, S, n_tokens, V) = ({K}, S, "
+            f"{chunk.n_tokens}, {V}) for this chunk, got {local.shape}"
+        )
     stacked = _stacked(shared, chunk)
     if stacked is not None:
-        _, S, T, _ = local.shape
-        eps, xi = _stacked_noise(
-            params, stacked, S, _chunk_rng(chunk, iteration_key), T,
-            shared.sample_dtype,
-        )
+        T = chunk.n_tokens
+        if noise is None:
+            eps, xi = _stacked_noise(
+                params, stacked, S, _chunk_rng(chunk, iteration_key), T,
+                shared.sample_dtype,
+            )
+        else:
+            eps, xi = noise
+            n_drawn = stacked.split.drawn.size
+            if eps.shape != (n_drawn, K * V, S) or xi.shape != local.shape:
+                raise ValueError(
+                    f"noise must be (eps, xi) of shapes ({n_drawn}, {K * V}, "
+                    f"{S}) and {local.shape} for this chunk, got "
+                    f"{eps.shape} and {xi.shape}"
+                )
         state = _stacked_state(
             params, stacked, shared.residual_floor, shared.sample_dtype
         )
@@ -708,7 +740,7 @@ def _pathwise_stacked(chunk, shared, stacked, rng, cache=None, local=False):
     out = _pathwise_summary(shared, log_p, g_pair)
     out["q_mu"], out["q_sqrt"] = grad_mu, grad_sqrt
     if local:
-        out["local"] = g_unary
+        out["local"], out["noise"] = g_unary, (eps, xi)
     return out, d_scales
 
 
