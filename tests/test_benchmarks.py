@@ -62,6 +62,7 @@ bench_table1 = _module_fixture("bench_table1")
 bench_section2 = _module_fixture("bench_section2")
 bench_prior_draws = _module_fixture("bench_prior_draws")
 bench_predict = _module_fixture("bench_predict")
+bench_saga_noise = _module_fixture("bench_saga_noise")
 
 
 def test_bench_ess_hyperparameters_fixed_or_learned(bench_ess):
@@ -640,6 +641,16 @@ def test_profile_fit_sums_a_function_s_cumulative_time(profile_fit):
 
 
 @pytest.mark.shared_data
+def test_bench_saga_noise_pairs_the_same_fits(bench_saga_noise, shared_data_dir):
+    # Three epochs on seg's fold 0: measure() checks that keeping the base
+    # samples and drawing them again give the same model.
+    protocol = {**bench_saga_noise.PROTOCOL, "max_iter": 3}
+    result = bench_saga_noise.measure("seg", shared_data_dir, "crf", 1, protocol)
+    assert result["epochs"] == 3 and result["ratio"] > 0
+    store = result["store_bytes"]
+    assert store["kept"] > store["drawn again"] > 0
+
+
 def test_bench_block_cache_pairs_fits_with_and_without_the_cache(
     bench_block_cache, shared_data_dir
 ):
