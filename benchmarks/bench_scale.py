@@ -253,6 +253,12 @@ def _measure(config):
                       n_jobs=config["n_jobs"])
         params["max_iter"] = config["max_iter"] if kind == "lbfgs" else config[
             "epochs"]
+        if kind == "stochastic":
+            # Keeps SAGA's state after the fit, read below for the number of
+            # mini-batches drawn. The same fit: warm_start only stops the
+            # lone features from being collapsed, and no feature of these
+            # data is active at a single token.
+            params["warm_start"] = True
         gp = GPStructClassifier(**params)
         captured = _TimestampedLines()
         rss_before = _rss_now_kib()

@@ -428,7 +428,8 @@ GroupedLinearKernel`: automatic relevance determination per group).
         posterior (same classes and features required). A stochastic fit
         also continues SAGA's stored gradients when its mini-batches are the
         previous fit's (same data and ``random_state``), and starts them
-        afresh otherwise.
+        afresh otherwise; they are kept after a stochastic fit only with
+        ``warm_start=True`` (they can take more memory than the posterior).
 
     Attributes
     ----------
@@ -1165,14 +1166,19 @@ GroupedLinearKernel`: automatic relevance determination per group).
             callback=lambda epoch, value, seconds: progress(epoch, value, None),
             state=warm, validation=validation,
         )
-        # The base samples only save time during the fit: the state kept
-        # for a warm start holds the gradients alone.
-        stored = result.state["stored"]
-        for i, record in enumerate(stored):
-            if record is not None and record.noise is not None:
-                stored[i] = dataclasses.replace(record, noise=None)
-        self._saga_state, self._saga_items = result.state, items
         self.saga_memory_bytes_ = result.stored_bytes
+        if self.warm_start:
+            # Kept for the next fit to continue. The base samples only save
+            # time during a fit: the state holds the gradients alone.
+            stored = result.state["stored"]
+            for i, record in enumerate(stored):
+                if record is not None and record.noise is not None:
+                    stored[i] = dataclasses.replace(record, noise=None)
+            self._saga_state, self._saga_items = result.state, items
+        else:
+            # No later fit reads it: not kept in the model (nor pickled).
+            self.__dict__.pop("_saga_state", None)
+            self.__dict__.pop("_saga_items", None)
         if validation is not None:
             self.validation_score_history_ = result.validation_history
         return OptimizationResult(

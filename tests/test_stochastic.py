@@ -525,8 +525,8 @@ def test_kept_noise_gives_the_same_fit(monkeypatch, records):
         np.testing.assert_array_equal(getattr(every, name), getattr(fewer, name))
     assert every.elbo_history_ == fewer.elbo_history_
     assert every.saga_memory_bytes_ > fewer.saga_memory_bytes_
-    # The state kept after the fit holds the gradients alone.
-    assert all(r.noise is None for r in every._saga_state["stored"] if r is not None)
+    # Without warm_start the model keeps no SAGA state after the fit.
+    assert not hasattr(every, "_saga_state")
 
 
 def test_warm_stochastic_fit_continues_saga_only_on_the_same_items(monkeypatch):
@@ -557,6 +557,16 @@ def test_warm_stochastic_fit_continues_saga_only_on_the_same_items(monkeypatch):
     assert states[2] is None
     assert model._saga_state["n_items"] == 10
     assert np.all(np.isfinite(model.q_mu_))
+    # The state kept for the next fit holds the gradients alone, not the
+    # base samples they kept during the fit.
+    stored = [r for r in model._saga_state["stored"] if r is not None]
+    assert stored and all(r.noise is None for r in stored)
+    # Without warm_start nothing is kept.
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ConvergenceWarning)
+        model.set_params(warm_start=False).fit(X[:20], y[:20])
+    assert states[3] is None
+    assert not hasattr(model, "_saga_state") and not hasattr(model, "_saga_items")
 
 
 def test_saga_memory_grows_with_tokens_not_inducing_points(data):
@@ -565,10 +575,11 @@ def test_saga_memory_grows_with_tokens_not_inducing_points(data):
     def fit(n_inducing):
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", ConvergenceWarning)
+            # warm_start keeps SAGA's state after the fit, to be read here.
             return GPStructClassifier(
                 kernel="rbf", n_inducing=n_inducing, optimizer="stochastic",
                 max_iter=6, n_iter_no_change=10, batch_size=5, n_samples=2,
-                random_state=0,
+                random_state=0, warm_start=True,
             ).fit(X[:30], y[:30])
 
     K, S, V = 1, 2, 3
