@@ -744,16 +744,27 @@ GroupedLinearKernel`: automatic relevance determination per group).
                 )
 
         warm = (self.warm_start or partial) and hasattr(self, "q_mu_")
-        if warm and (
-            not np.array_equal(classes, self.classes_)
-            or n_features != self.n_features_in_
-            or self.covariance != ("full" if self.q_sqrt_.ndim == 4 else "diag")
-            or self.n_components != self.q_mu_.shape[0]
-        ):
-            raise ValueError(
-                "warm_start=True needs the same classes, number of features, "
-                "covariance and n_components as the previous fit"
-            )
+        if warm:
+            previous = {
+                "classes": (self.classes_, classes),
+                "number of features": (self.n_features_in_, n_features),
+                "covariance": (
+                    "full" if self.q_sqrt_.ndim == 4 else "diag", self.covariance
+                ),
+                "n_components": (self.q_mu_.shape[0], self.n_components),
+            }
+            changed = [
+                f"{name} {new!r} (was {old!r})"
+                for name, (old, new) in previous.items()
+                if not np.array_equal(old, new)
+            ]
+            if changed:
+                caller = "partial_fit" if partial else "warm_start=True"
+                raise ValueError(
+                    f"{caller} needs the same classes, number of features, "
+                    "covariance and n_components as the previous fit; got "
+                    + ", ".join(changed)
+                )
         if warm:
             kernel, inducing = self.kernel_, self.inducing_
         else:

@@ -997,15 +997,30 @@ def test_warm_start_continues_from_the_previous_solution(data, inducing):
         lambda X, y: (X, y, {"covariance": "full"}),
         lambda X, y: (X, y, {"n_components": 2}),
     ],
-    ids=["classes", "n_features", "covariance", "n_components"],
+    ids=["classes", "number of features", "covariance", "n_components"],
 )
-def test_warm_start_refuses_a_different_problem(data, change):
+def test_warm_start_refuses_a_different_problem(data, change, request):
     X, y, _, _ = data
     model = GPStructClassifier(warm_start=True, **FAST).fit(X, y)
     X2, y2, params = change(X, y)
     model.set_params(**params)
-    with pytest.raises(ValueError, match="warm_start=True needs the same classes"):
+    # The message names what changed.
+    what = request.node.callspec.id
+    with pytest.raises(
+        ValueError, match=f"warm_start=True needs the same classes.*got {what} "
+    ):
         model.fit(X2, y2)
+
+
+def test_partial_fit_refuses_other_features(data):
+    X, y, _, _ = data
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ConvergenceWarning)
+        model = GPStructClassifier(**FAST).partial_fit(X, y, classes=np.arange(3))
+    with pytest.raises(
+        ValueError, match=r"partial_fit needs .* got number of features 7 \(was 8\)"
+    ):
+        model.partial_fit([x[:, :-1] for x in X], y)
 
 
 def test_verbose_prints_iteration_elbo_and_seconds(data, capsys):
