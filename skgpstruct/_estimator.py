@@ -1165,8 +1165,9 @@ GroupedLinearKernel`: automatic relevance determination per group).
                 return ell / n_held_tokens
 
         # A stored state is continued only on the same items (data,
-        # mini-batches and seeds): another's records have other shapes.
-        items = _chunks_fingerprint(objective.chunks)
+        # mini-batches and seeds): another's records have other shapes. Only
+        # warm starts keep or read one.
+        items = _chunks_fingerprint(objective.chunks) if self.warm_start else None
         warm = None
         if continue_state and getattr(self, "_saga_items", None) == items:
             warm = getattr(self, "_saga_state", None)
