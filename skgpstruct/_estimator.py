@@ -215,6 +215,24 @@ def _sequence_fingerprint(X_n):
     return int.from_bytes(digest.digest(), "little")
 
 
+def _check_option(estimator, name):
+    """Raise unless the parameter ``name`` is one of its ``_OPTIONS``."""
+    value, accepted = getattr(estimator, name), _OPTIONS[name]
+    if not isinstance(value, str) or value not in accepted:
+        raise ValueError(f"{name} must be one of {list(accepted)}, got {value!r}")
+
+
+def _check_integer(estimator, name, low):
+    """Raise unless the parameter ``name`` is an integer of at least ``low``."""
+    value = getattr(estimator, name)
+    if (
+        not isinstance(value, numbers.Integral)
+        or isinstance(value, bool)
+        or value < low
+    ):
+        raise ValueError(f"{name} must be an integer >= {low}, got {value!r}")
+
+
 def _check_flag(estimator, name):
     """Raise unless the parameter ``name`` is True or False."""
     value = getattr(estimator, name)
@@ -425,9 +443,13 @@ GroupedLinearKernel`: automatic relevance determination per group).
         If positive, print one progress line per iteration.
     warm_start : bool, default=False
         Start from the previous fit's inducing points, hyperparameters and
-        posterior (same classes and features required). A stochastic fit
-        also continues SAGA's stored gradients when its mini-batches are the
-        previous fit's (same data and ``random_state``), and starts them
+        posterior (same classes and features required): ``kernel``,
+        ``n_inducing``, ``inducing``, ``feature_groups`` and
+        ``pairwise_prior_variance`` set since are not used (the fitted
+        ``kernel_``, ``inducing_`` and ``pairwise_prior_variance_`` are). A
+        stochastic fit also continues SAGA's stored gradients when its
+        mini-batches are the previous fit's (same data and
+        ``random_state``), and starts them
         afresh otherwise; they are kept after a stochastic fit only with
         ``warm_start=True`` (they can take more memory than the posterior).
 
@@ -575,13 +597,15 @@ GroupedLinearKernel`: automatic relevance determination per group).
 
     # ------------------------------------------------------------------ #
     # validation
+    def _check_prediction_params(self):
+        """The parameters prediction reads, which may be set after ``fit``."""
+        _check_option(self, "decode")
+        _check_integer(self, "n_predict_samples", 1)
+        _check_flag(self, "pairwise_uncertainty")
+
     def _check_params(self):
-        for name, accepted in _OPTIONS.items():
-            value = getattr(self, name)
-            if not isinstance(value, str) or value not in accepted:
-                raise ValueError(
-                    f"{name} must be one of {list(accepted)}, got {value!r}"
-                )
+        for name in _OPTIONS:
+            _check_option(self, name)
         for name, low in (
             ("n_inducing", 1),
             ("n_components", 1),
@@ -594,13 +618,7 @@ GroupedLinearKernel`: automatic relevance determination per group).
             ("ess_thin", 1),
             ("ess_memory_limit", 1),
         ):
-            value = getattr(self, name)
-            if (
-                not isinstance(value, numbers.Integral)
-                or isinstance(value, bool)
-                or value < low
-            ):
-                raise ValueError(f"{name} must be an integer >= {low}, got {value!r}")
+            _check_integer(self, name, low)
         if self.ess_burn_in is not None and (
             not isinstance(self.ess_burn_in, numbers.Integral)
             or isinstance(self.ess_burn_in, bool)
@@ -621,8 +639,14 @@ GroupedLinearKernel`: automatic relevance determination per group).
             )
         for name in ("tol", "pairwise_prior_variance", "learning_rate"):
             value = getattr(self, name)
-            if not isinstance(value, numbers.Real) or not value > 0:
-                raise ValueError(f"{name} must be a positive number, got {value!r}")
+            if (
+                not isinstance(value, numbers.Real)
+                or isinstance(value, bool)
+                or not 0 < value < np.inf
+            ):
+                raise ValueError(
+                    f"{name} must be a positive finite number, got {value!r}"
+                )
         scale = self.hyperprior_scale
         if scale is not None and (
             not isinstance(scale, numbers.Real)
@@ -688,8 +712,9 @@ GroupedLinearKernel`: automatic relevance determination per group).
         X : list of array-like or sparse matrices of shape (T_n, n_features)
         y : list of array-like of shape (T_n,)
         classes : array-like of shape (n_classes,), default=None
-            All labels that will ever be seen; required on the first call,
-            must match ``classes_`` afterwards.
+            All labels that will ever be seen; required on the first call.
+            Later calls use ``classes_`` (a piece may show only some of the
+            labels, none outside them); if given again, it must equal it.
 
         Returns
         -------
@@ -700,6 +725,9 @@ GroupedLinearKernel`: automatic relevance determination per group).
                 "classes must be given on the first call to partial_fit (a "
                 "piece of data may not contain every label)"
             )
+        if classes is None:
+            # Later pieces may show only some of the labels.
+            classes = self.classes_
         return self._fit(X, y, classes=classes, partial=True)
 
     def _fit(self, X, y, classes=None, partial=False):
@@ -717,7 +745,13 @@ GroupedLinearKernel`: automatic relevance determination per group).
             if classes is None:
                 classes, label_index = np.unique(all_labels, return_inverse=True)
             else:
-                classes = np.unique(np.asarray(classes))
+                classes = np.asarray(classes)
+                if classes.ndim != 1 or classes.size == 0:
+                    raise ValueError(
+                        "classes must be a non-empty 1-D array of labels, got "
+                        f"an array of shape {classes.shape}"
+                    )
+                classes = np.unique(classes)
                 label_index = np.searchsorted(classes, all_labels)
                 label_index = np.minimum(label_index, len(classes) - 1)
                 unknown = classes[label_index] != all_labels
@@ -733,6 +767,11 @@ GroupedLinearKernel`: automatic relevance determination per group).
             ) from None
         X_all, offsets = stack_sequences(sequences)
         n_features = X_all.shape[1]
+        if n_features == 0:
+            raise ValueError(
+                "X has 0 features per token; at least one is required (a "
+                "feature extractor may have kept none, e.g. with a high min_count)"
+            )
         self._groups = self._check_feature_groups(X, n_features)
         rng = self._rng()
         if self.inference == "ess":
@@ -1221,6 +1260,7 @@ GroupedLinearKernel`: automatic relevance determination per group).
     # prediction
     def _check_predict_input(self, X):
         check_is_fitted(self, "classes_")
+        self._check_prediction_params()
         sequences, _ = check_sequence_features(
             X, n_features=self.n_features_in_, allow_empty=True
         )
@@ -1264,7 +1304,6 @@ GroupedLinearKernel`: automatic relevance determination per group).
         sequences = self._check_predict_input(X)
         if hasattr(self, "ess_"):
             return self._predict_marginals_ess(sequences)
-        _check_flag(self, "pairwise_uncertainty")
         params = self._params()
         V = params.q_mu.shape[1]
         S = self.n_predict_samples
@@ -1422,6 +1461,8 @@ GroupedLinearKernel`: automatic relevance determination per group).
             Labels from ``classes_``; a zero-length sequence gets an empty
             array.
         """
+        check_is_fitted(self, "classes_")
+        self._check_prediction_params()
         if self.decode == "marginal":
             return [
                 self.classes_[np.argmax(m, axis=1)] if len(m) else self.classes_[:0]

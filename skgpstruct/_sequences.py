@@ -40,6 +40,33 @@ def canonical_csr(X, dtype=np.float64):
     return X
 
 
+def _valid_csr(matrix, label):
+    """A sparse input as CSR, its structure checked in full first: indices
+    in range, index pointers non-decreasing. scipy's conversions and
+    products and the compiled code trust them, and read or write out of
+    bounds on a malformed matrix. The caller's matrix is not changed."""
+    try:
+        if matrix.format in ("csr", "csc", "bsr"):
+            # A shell on the same arrays: the check may trim its arrays.
+            shell = type(matrix)(
+                (matrix.data, matrix.indices, matrix.indptr), shape=matrix.shape
+            )
+            shell.check_format(full_check=True)
+        elif matrix.format == "coo":
+            for axis, index in enumerate((matrix.row, matrix.col)):
+                size = matrix.shape[axis]
+                if index.size and not 0 <= index.min() <= index.max() < size:
+                    raise ValueError(
+                        f"{('row', 'column')[axis]} indices must lie in "
+                        f"[0, {matrix.shape[axis]})"
+                    )
+        X = sp.csr_matrix(matrix, dtype=np.float64)
+        X.check_format(full_check=True)
+    except ValueError as exc:
+        raise ValueError(f"{label} is not a valid sparse matrix: {exc}") from None
+    return X
+
+
 def check_sequence_features(X, *, name="X", n_features=None, allow_empty=False):
     """Validate a list of per-sequence feature matrices.
 
@@ -65,8 +92,9 @@ def check_sequence_features(X, *, name="X", n_features=None, allow_empty=False):
     ------
     ValueError
         On an empty list (unless allowed), a non two-dimensional sequence,
-        mixed dense and sparse sequences, inconsistent or unexpected numbers
-        of features, or NaN / infinite values.
+        a malformed sparse matrix (column indices out of range, row pointers
+        not non-decreasing), mixed dense and sparse sequences, inconsistent
+        or unexpected numbers of features, or NaN / infinite values.
     """
     if isinstance(X, np.ndarray) and X.dtype != object and X.ndim == 2:
         raise ValueError(
@@ -85,10 +113,21 @@ def check_sequence_features(X, *, name="X", n_features=None, allow_empty=False):
     kinds = set()
     for i, seq in enumerate(X):
         if sp.issparse(seq):
-            seq = canonical_csr(seq)
+            if seq.dtype.kind not in "biuf":
+                raise ValueError(
+                    f"{name}[{i}] must hold real numbers, got a sparse matrix "
+                    f"of dtype {seq.dtype}"
+                )
+            seq = canonical_csr(_valid_csr(seq, f"{name}[{i}]"))
             values = seq.data
             kinds.add("sparse")
         else:
+            kind = getattr(seq, "dtype", np.asarray(seq).dtype).kind
+            if kind in "USc":
+                raise ValueError(
+                    f"{name}[{i}] must hold real numbers, got an array of dtype "
+                    f"{np.asarray(seq).dtype}"
+                )
             try:
                 seq = np.asarray(seq, dtype=np.float64)
             except (TypeError, ValueError) as exc:

@@ -829,6 +829,19 @@ def _bad_fit_inputs():
             [sp.csr_matrix(X[0])] + X[1:], y, r"mixes dense and sparse"
         ),
         "labels a string": (X[:1], ["ab"], r"y\[0\] is a single string"),
+        "complex features": (
+            [x.astype(complex) for x in X], y, r"X\[0\] must hold real numbers"
+        ),
+        "string features": (
+            [x.astype(str) for x in X], y, r"X\[0\] must hold real numbers"
+        ),
+        "sparse complex features": (
+            [sp.csr_matrix(x.astype(complex)) for x in X], y,
+            r"X\[0\] must hold real numbers",
+        ),
+        "no features": (
+            [np.zeros((len(x), 0)) for x in X], y, r"X has 0 features per token"
+        ),
     }
 
 
@@ -860,6 +873,57 @@ def test_bad_predict_input(fitted, method, X, message):
         getattr(fitted, method)(*args)
 
 
+def _one_entry(fmt):
+    """A 1 x N_FEATURES sparse matrix of format ``fmt`` with one entry."""
+    matrix = sp.coo_matrix(([1.0], ([0], [0])), shape=(1, N_FEATURES))
+    return matrix.asformat(fmt)
+
+
+def _malformed(kind):
+    matrix = _one_entry(kind.split()[0])
+    if kind == "csr column":
+        matrix.indices[0] = 10**8  # scipy's products read far out of bounds
+    elif kind == "csr negative column":
+        matrix.indices[0] = -1
+    elif kind == "csr row pointers":
+        matrix.indptr[:] = [1, 0]
+    elif kind == "csc row":
+        matrix.indices[0] = 5  # converting to CSR would write out of bounds
+    elif kind == "coo column":
+        matrix.col[0] = N_FEATURES
+    return matrix
+
+
+MALFORMED = ["csr column", "csr negative column", "csr row pointers", "csc row",
+             "coo column"]
+
+
+@pytest.mark.parametrize("kind", MALFORMED)
+@pytest.mark.parametrize("method", ["fit", "predict", "predict_marginals"])
+def test_malformed_sparse_input_is_refused(data, kind, method):
+    # Refused with the sequence named, before any compiled code or scipy
+    # product reads the indices (these crashed the interpreter).
+    X, y, _, _ = data
+    X = [sp.csr_matrix(x) for x in X]
+    bad = _malformed(kind)
+    before = bad.data.copy()
+    model = GPStructClassifier(**{**FAST, "max_iter": 2})
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ConvergenceWarning)
+        if method == "fit":
+            args = (X[:3] + [bad], y[:3] + [np.zeros(1, dtype=int)])
+        else:
+            model.fit(X, y)
+            args = (X[:3] + [bad],)
+        with pytest.raises(ValueError, match=r"X\[3\] is not a valid sparse matrix"):
+            getattr(model, method)(*args)
+    np.testing.assert_array_equal(bad.data, before)  # the caller's matrix kept
+    # The same entry well formed is accepted, in every format.
+    good = _one_entry(kind.split()[0])
+    if method != "fit":
+        assert len(getattr(model, method)([good])[0]) == 1
+
+
 BAD_PARAMS = [
     ({"covariance": "foo"}, r"covariance must be one of \['full', 'diag'\]"),
     ({"gradient": "foo"}, r"gradient must be one of \['pathwise', 'score'\]"),
@@ -879,8 +943,13 @@ BAD_PARAMS = [
     ({"max_iter": 0}, r"max_iter must be an integer >= 1"),
     ({"max_iter": True}, r"max_iter must be an integer >= 1"),
     ({"n_predict_samples": -1}, r"n_predict_samples must be an integer >= 1"),
-    ({"tol": 0.0}, r"tol must be a positive number"),
-    ({"tol": np.nan}, r"tol must be a positive number"),
+    ({"tol": 0.0}, r"tol must be a positive finite number"),
+    ({"tol": np.nan}, r"tol must be a positive finite number"),
+    *(
+        ({name: value}, rf"{name} must be a positive finite number")
+        for name in ("tol", "pairwise_prior_variance", "learning_rate")
+        for value in (np.inf, True)
+    ),
     ({"pairwise_prior_variance": -1.0}, r"pairwise_prior_variance must be a posit"),
     ({"random_state": "seed"}, r"random_state must be None, an int"),
     (
@@ -910,6 +979,51 @@ def test_bad_parameters_refused_at_fit(data, params, message):
     X, y, _, _ = data
     with pytest.raises(ValueError, match=message):
         GPStructClassifier(**{**FAST, **params}).fit(X, y)
+
+
+@pytest.mark.parametrize(
+    ("params", "message"),
+    [
+        ({"n_predict_samples": 0}, r"n_predict_samples must be an integer >= 1"),
+        ({"n_predict_samples": 1.5}, r"n_predict_samples must be an integer >= 1"),
+        ({"n_predict_samples": True}, r"n_predict_samples must be an integer >= 1"),
+        ({"decode": "foo"}, r"decode must be one of \['viterbi', 'marginal'\]"),
+        ({"pairwise_uncertainty": "yes"}, r"pairwise_uncertainty must be True or"),
+    ],
+    ids=["n_predict_samples=0", "n_predict_samples=1.5", "n_predict_samples=True",
+         "decode", "pairwise_uncertainty"],
+)
+@pytest.mark.parametrize("method", ["predict", "predict_marginals", "predict_proba"])
+def test_prediction_parameters_set_after_fit_are_checked(
+    data, fitted, params, message, method
+):
+    # Prediction reads these after fit: set then, they are checked then (a
+    # zero n_predict_samples gave NaN marginals, an unknown decode Viterbi).
+    _, _, X_test, _ = data
+    model = copy.deepcopy(fitted).set_params(**params)
+    with pytest.raises(ValueError, match=message):
+        getattr(model, method)(X_test[:2])
+
+
+def test_later_partial_fit_pieces_may_lack_labels(data):
+    X, y, X_test, y_test = data
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ConvergenceWarning)
+        model = GPStructClassifier(**FAST).partial_fit(X, y, classes=np.arange(3))
+        # No label 2 in this piece: classes_ is kept, the piece is learnt.
+        piece = [np.where(labels == 2, 0, labels) for labels in y]
+        model.partial_fit(X, piece)
+        np.testing.assert_array_equal(model.classes_, np.arange(3))
+        assert model.predict_marginals(X_test[:1])[0].shape[1] == 3
+        with pytest.raises(ValueError, match=r"y has labels not in classes: \[5\]"):
+            model.partial_fit(X[:2], [np.full(len(x), 5) for x in X[:2]])
+
+
+@pytest.mark.parametrize("classes", [[], [[0, 1], [2, 3]]], ids=["empty", "2-D"])
+def test_partial_fit_refuses_malformed_classes(data, classes):
+    X, y, _, _ = data
+    with pytest.raises(ValueError, match="classes must be a non-empty 1-D array"):
+        GPStructClassifier(**FAST).partial_fit(X, y, classes=classes)
 
 
 def test_score_refuses_sample_weight_and_label_mismatch(data, fitted):
