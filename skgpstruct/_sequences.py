@@ -33,20 +33,23 @@ def canonical_csr(X, dtype=np.float64):
     canonical is copied before it is sorted and summed; a canonical one is
     returned without a copy (``dtype`` permitting).
     """
-    X = sp.csr_matrix(X, dtype=dtype)
+    if not (type(X) is sp.csr_matrix and X.dtype == dtype):
+        X = sp.csr_matrix(X, dtype=dtype)
     if not X.has_canonical_format:
         X = X.copy()
         X.sum_duplicates()
     return X
 
 
-def _valid_csr(matrix, label):
-    """A sparse input as CSR, its structure checked in full first: indices
-    in range, index pointers non-decreasing. scipy's conversions and
-    products and the compiled code trust them, and read or write out of
-    bounds on a malformed matrix. The caller's matrix is not changed."""
+def _as_csr(matrix, label):
+    """A sparse input as CSR (float64, the caller's matrix unchanged).
+
+    A CSC, BSR or COO input's indices are checked first: scipy's conversion
+    trusts them and writes out of bounds on a malformed matrix. A CSR's are
+    checked by :func:`_check_csr_structure`, for all sequences at once.
+    """
     try:
-        if matrix.format in ("csr", "csc", "bsr"):
+        if matrix.format in ("csc", "bsr"):
             # A shell on the same arrays: the check may trim its arrays.
             shell = type(matrix)(
                 (matrix.data, matrix.indices, matrix.indptr), shape=matrix.shape
@@ -57,14 +60,51 @@ def _valid_csr(matrix, label):
                 size = matrix.shape[axis]
                 if index.size and not 0 <= index.min() <= index.max() < size:
                     raise ValueError(
-                        f"{('row', 'column')[axis]} indices must lie in "
-                        f"[0, {matrix.shape[axis]})"
+                        f"{('row', 'column')[axis]} indices must lie in [0, {size})"
                     )
-        X = sp.csr_matrix(matrix, dtype=np.float64)
-        X.check_format(full_check=True)
+        # scipy's own (partial) check: index pointers of the right length,
+        # from 0 to at most the number of stored entries.
+        return sp.csr_matrix(matrix, dtype=np.float64)
     except ValueError as exc:
         raise ValueError(f"{label} is not a valid sparse matrix: {exc}") from None
-    return X
+
+
+def _check_csr_structure(matrices, name):
+    """Raise unless every CSR matrix's row pointers are non-decreasing and
+    its column indices lie within its columns (scipy's sorting and products
+    and the compiled code read out of bounds otherwise). Vectorised over
+    all sequences: one NumPy pass, not a few calls per sequence."""
+    if not matrices:
+        return
+    pointers = np.concatenate([m.indptr for m in matrices])
+    steps = np.diff(pointers)
+    # The differences between one matrix's last pointer and the next one's first.
+    ends = np.cumsum([m.indptr.size for m in matrices])[:-1] - 1
+    steps[ends] = 0
+    widths = np.repeat(
+        [m.shape[1] for m in matrices], [int(m.indptr[-1]) for m in matrices]
+    )
+    columns = np.concatenate([m.indices[: m.indptr[-1]] for m in matrices])
+    bad_steps = steps < 0
+    bad_columns = (columns < 0) | (columns >= widths)
+    if not (bad_steps.any() or bad_columns.any()):
+        return
+    for i, m in enumerate(matrices):  # the first malformed one, for the message
+        used = m.indices[: m.indptr[-1]]
+        if np.any(np.diff(m.indptr) < 0):
+            problem = "row pointers must be non-decreasing"
+        elif used.size and not 0 <= used.min() <= used.max() < m.shape[1]:
+            problem = f"column indices must lie in [0, {m.shape[1]})"
+        else:
+            continue
+        raise ValueError(f"{name}[{i}] is not a valid sparse matrix: {problem}")
+
+
+def _check_finite(values, label):
+    if not np.all(np.isfinite(values)):
+        raise ValueError(
+            f"{label} contains NaN or infinite values; features must be finite"
+        )
 
 
 def check_sequence_features(X, *, name="X", n_features=None, allow_empty=False):
@@ -118,8 +158,8 @@ def check_sequence_features(X, *, name="X", n_features=None, allow_empty=False):
                     f"{name}[{i}] must hold real numbers, got a sparse matrix "
                     f"of dtype {seq.dtype}"
                 )
-            seq = canonical_csr(_valid_csr(seq, f"{name}[{i}]"))
-            values = seq.data
+            seq = _as_csr(seq, f"{name}[{i}]")
+            values = None  # checked once canonical, below
             kinds.add("sparse")
         else:
             kind = getattr(seq, "dtype", np.asarray(seq).dtype).kind
@@ -144,17 +184,19 @@ def check_sequence_features(X, *, name="X", n_features=None, allow_empty=False):
             seq = np.ascontiguousarray(seq)
             values = seq
             kinds.add("dense")
-        if not np.all(np.isfinite(values)):
-            raise ValueError(
-                f"{name}[{i}] contains NaN or infinite values; features must "
-                "be finite"
-            )
+        if values is not None:
+            _check_finite(values, f"{name}[{i}]")
         sequences.append(seq)
     if len(kinds) > 1:
         raise ValueError(
             f"{name} mixes dense and sparse sequences; give all sequences in "
             "one format"
         )
+    if kinds == {"sparse"}:
+        _check_csr_structure(sequences, name)
+        sequences = [canonical_csr(seq) for seq in sequences]
+        for i, seq in enumerate(sequences):
+            _check_finite(seq.data, f"{name}[{i}]")
     widths = {seq.shape[1] for seq in sequences if seq.shape[0] > 0} or {
         seq.shape[1] for seq in sequences
     }

@@ -887,6 +887,9 @@ def _malformed(kind):
         matrix.indices[0] = -1
     elif kind == "csr row pointers":
         matrix.indptr[:] = [1, 0]
+    elif kind == "csr decreasing row pointers":
+        matrix = sp.csr_matrix(np.ones((3, N_FEATURES)))
+        matrix.indptr[:] = [0, 2 * N_FEATURES, N_FEATURES, 3 * N_FEATURES]
     elif kind == "csc row":
         matrix.indices[0] = 5  # converting to CSR would write out of bounds
     elif kind == "coo column":
@@ -894,8 +897,8 @@ def _malformed(kind):
     return matrix
 
 
-MALFORMED = ["csr column", "csr negative column", "csr row pointers", "csc row",
-             "coo column"]
+MALFORMED = ["csr column", "csr negative column", "csr row pointers",
+             "csr decreasing row pointers", "csc row", "coo column"]
 
 
 @pytest.mark.parametrize("kind", MALFORMED)
@@ -911,7 +914,7 @@ def test_malformed_sparse_input_is_refused(data, kind, method):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", ConvergenceWarning)
         if method == "fit":
-            args = (X[:3] + [bad], y[:3] + [np.zeros(1, dtype=int)])
+            args = (X[:3] + [bad], y[:3] + [np.zeros(bad.shape[0], dtype=int)])
         else:
             model.fit(X, y)
             args = (X[:3] + [bad],)
