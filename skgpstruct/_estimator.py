@@ -215,6 +215,12 @@ def _sequence_fingerprint(X_n):
     return int.from_bytes(digest.digest(), "little")
 
 
+def _largest_magnitude(X):
+    """``max |x|`` over a dense or sparse matrix (0 when it is empty)."""
+    values = X.data if sp.issparse(X) else X
+    return float(np.max(np.abs(values))) if values.size else 0.0
+
+
 def _check_option(estimator, name):
     """Raise unless the parameter ``name`` is one of its ``_OPTIONS``."""
     value, accepted = getattr(estimator, name), _OPTIONS[name]
@@ -1038,11 +1044,19 @@ GroupedLinearKernel`: automatic relevance determination per group).
     def _initial_kernel(self, X_all, is_sparse):
         if isinstance(self.kernel, str) and self.kernel == "linear":
             # Prior sd of a training token's potential starts at 1.
-            x_sq = np.asarray(
-                X_all.multiply(X_all).sum(axis=1) if is_sparse
-                else np.sum(X_all * X_all, axis=1)
-            ).ravel()
-            scale = 1.0 / (np.mean(x_sq) + 1.0)
+            with np.errstate(over="ignore"):  # refused below
+                x_sq = np.asarray(
+                    X_all.multiply(X_all).sum(axis=1) if is_sparse
+                    else np.sum(X_all * X_all, axis=1)
+                ).ravel()
+                mean_sq = float(np.mean(x_sq))
+            if not np.isfinite(mean_sq):
+                raise ValueError(
+                    "X's values are too large: their squares overflow (largest "
+                    f"|x| = {_largest_magnitude(X_all):.3g}); scale the features "
+                    "down"
+                )
+            scale = 1.0 / (mean_sq + 1.0)
             if self._groups is not None:
                 return GroupedLinearKernel(self._groups, variance=scale, bias=scale)
             return LinearKernel(variance=scale, bias=1.0)
@@ -1343,7 +1357,15 @@ GroupedLinearKernel`: automatic relevance determination per group).
             np.random.default_rng([self._predict_seed, _sequence_fingerprint(x)])
             for x in sequences
         ]
-        unary = self._unary_samples(params, X_c, offsets, len(pairwise), rngs)
+        with np.errstate(over="ignore", invalid="ignore"):  # refused below
+            unary = self._unary_samples(params, X_c, offsets, len(pairwise), rngs)
+        if not np.all(np.isfinite(unary)):
+            raise ValueError(
+                "X's values are too large for the fitted model: its sampled "
+                "potentials overflow (largest |x| in this part of X = "
+                f"{_largest_magnitude(X_c):.3g}); give features on the scale "
+                "of the training data"
+            )
         marg = np.zeros((X_c.shape[0], V))
         for k in range(K):
             _, m_k, _ = chain.forward_backward(unary[k], pairwise, offsets)

@@ -842,6 +842,10 @@ def _bad_fit_inputs():
         "no features": (
             [np.zeros((len(x), 0)) for x in X], y, r"X has 0 features per token"
         ),
+        "squares overflow": (
+            [1e300 * x for x in X], y,
+            r"X's values are too large: their squares overflow \(largest \|x\| = ",
+        ),
     }
 
 
@@ -1006,6 +1010,14 @@ def test_prediction_parameters_set_after_fit_are_checked(
     model = copy.deepcopy(fitted).set_params(**params)
     with pytest.raises(ValueError, match=message):
         getattr(model, method)(X_test[:2])
+
+
+def test_predict_marginals_names_overflowing_features(data, fitted):
+    # Sampled potentials beyond the floating-point range: the message says
+    # it is X's scale (it named the chain's unary array).
+    _, _, X_test, _ = data
+    with pytest.raises(ValueError, match=r"X's values are too large for the fitted"):
+        fitted.predict_marginals([1e150 * x for x in X_test[:2]])
 
 
 def test_later_partial_fit_pieces_may_lack_labels(data):
