@@ -694,13 +694,27 @@ GroupedLinearKernel`: automatic relevance determination per group).
         Parameters
         ----------
         X : list of array-like or sparse matrices of shape (T_n, n_features)
-            Features of every token of every sequence.
+            Features of every token of every sequence: real, finite numbers,
+            dense or sparse (any scipy format; all sequences one kind).
+            Zero-length sequences are allowed, as long as some token is left.
         y : list of array-like of shape (T_n,)
             Labels (strings or integers) of every token.
 
         Returns
         -------
         self : GPStructClassifier
+
+        Raises
+        ------
+        ValueError
+            Naming the argument and what is accepted, for: a parameter out
+            of its range; ``X`` and ``y`` of different numbers of sequences
+            or tokens; a single 2-D array instead of a list; NaN, infinite,
+            complex or string features, or values whose squares overflow;
+            a malformed sparse matrix (indices out of range, decreasing
+            index pointers); dense and sparse sequences mixed; sequences of
+            different widths, or with no feature; no token at all; labels of
+            types that cannot be ordered.
         """
         return self._fit(X, y)
 
