@@ -680,10 +680,13 @@ GroupedLinearKernel`: automatic relevance determination per group).
         rs = self.random_state
         if isinstance(rs, np.random.RandomState):
             return np.random.default_rng(rs.randint(2**31))
-        if rs is None or isinstance(rs, numbers.Integral):
+        if rs is None or (
+            isinstance(rs, numbers.Integral) and not isinstance(rs, bool) and rs >= 0
+        ):
             return np.random.default_rng(rs)
         raise ValueError(
-            f"random_state must be None, an int or a RandomState, got {rs!r}"
+            "random_state must be None, a non-negative int or a RandomState, "
+            f"got {rs!r}"
         )
 
     # ------------------------------------------------------------------ #

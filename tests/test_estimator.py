@@ -958,7 +958,10 @@ BAD_PARAMS = [
         for value in (np.inf, True)
     ),
     ({"pairwise_prior_variance": -1.0}, r"pairwise_prior_variance must be a posit"),
-    ({"random_state": "seed"}, r"random_state must be None, an int"),
+    *(
+        ({"random_state": value}, r"random_state must be None, a non-negative int")
+        for value in ("seed", -1, True)
+    ),
     (
         {"likelihood": UnaryOnlyLikelihood(), "gradient": "pathwise"},
         r"gradient='pathwise' needs a likelihood with a gradient.*"
