@@ -37,7 +37,7 @@ from .inference.inducing import (
 from .inference.posterior import ParameterLayout, VariationalParameters
 from .inference.terms import Chunk, sample_unary, sample_unary_stacked
 from .kernels import GroupedLinearKernel, LinearKernel, check_kernel
-from .likelihoods import get_likelihood
+from .likelihoods import ChainCRF, get_likelihood
 from .optim.lbfgs import (
     OptimizationResult,
     Timer,
@@ -1085,7 +1085,7 @@ GroupedLinearKernel`: automatic relevance determination per group).
         or at their initial values."""
         if self.warm_start and hasattr(self, "classes_"):
             raise ValueError("warm_start=True is not supported with inference='ess'")
-        if not (isinstance(self.likelihood, str) and self.likelihood == "crf"):
+        if type(get_likelihood(self.likelihood)) is not ChainCRF:
             raise ValueError(
                 "inference='ess' samples with the exact chain likelihood only; "
                 f"got likelihood={self.likelihood!r}, use likelihood='crf'"

@@ -466,9 +466,16 @@ class Kernel(abc.ABC):
             )
         if not np.all(np.isfinite(theta)):
             raise ValueError(f"theta must be finite, got {theta}")
+        with np.errstate(over="ignore"):
+            natural = np.exp(theta)
+        if not np.all((natural > 0) & np.isfinite(natural)):
+            raise ValueError(
+                "theta must be the log of finite positive hyperparameters; "
+                f"exp(theta) over- or underflows for {theta}"
+            )
         start = 0
         for h in free:
-            values = np.exp(theta[start:start + h.value.size])
+            values = natural[start:start + h.value.size]
             start += h.value.size
             self._set_hyperparameter(h.name, float(values[0]) if h.scalar else values)
 
@@ -872,14 +879,23 @@ class GroupedLinearKernel(Kernel):
 
     def _values(self):
         n_groups = self.n_groups
-        variance = np.asarray(self.variance, dtype=np.float64)
-        if variance.ndim == 0:
-            variance = np.full(n_groups, float(variance))
-        if variance.shape != (n_groups,) or not np.all(variance > 0):
-            raise ValueError(
-                f"variance must be a positive float or an array of {n_groups} "
-                f"positive values (one per group), got {self.variance!r}"
-            )
+        if np.ndim(self.variance) == 0:
+            variance = np.full(n_groups, _check_positive(self.variance, "variance"))
+        else:
+            try:
+                variance = np.asarray(self.variance, dtype=np.float64)
+            except (TypeError, ValueError):
+                variance = None
+            if (
+                variance is None
+                or np.asarray(self.variance).dtype == bool
+                or variance.shape != (n_groups,)
+                or not np.all((variance > 0) & np.isfinite(variance))
+            ):
+                raise ValueError(
+                    f"variance must be a positive float or an array of {n_groups} "
+                    f"positive finite values (one per group), got {self.variance!r}"
+                )
         bias = _check_positive(
             self.bias, "bias", allow_zero=_is_fixed(self.bias_bounds)
         )
@@ -1156,6 +1172,17 @@ def _einsum_cross_block(kernel, A, B, G):
     return np.einsum("ij,ijp->p", G, dK[: A.shape[0], A.shape[0]:, :])
 
 
+def _sklearn_theta_names(kernel):
+    """The names of a scikit-learn kernel's ``theta`` entries, in order."""
+    names = []
+    for hp in kernel.hyperparameters:
+        if not hp.fixed:
+            names += [hp.name] if hp.n_elements == 1 else [
+                f"{hp.name}[{i}]" for i in range(hp.n_elements)
+            ]
+    return names
+
+
 class SklearnKernel(Kernel):
     """Adapter for a :mod:`sklearn.gaussian_process.kernels` kernel.
 
@@ -1206,6 +1233,12 @@ class SklearnKernel(Kernel):
                 "sklearn.gaussian_process.kernels.Kernel, got "
                 f"{type(self.kernel).__name__}"
             )
+        if isinstance(self.kernel, sk_kernels.CompoundKernel):
+            raise ValueError(
+                f"kernel {self.kernel!r} is a CompoundKernel, whose value is one "
+                "matrix per kernel; the GP needs a single covariance (combine "
+                "kernels with + or * instead)"
+            )
         return self.kernel
 
     def __repr__(self):
@@ -1246,6 +1279,24 @@ class SklearnKernel(Kernel):
 
     def _hyperparameters(self):
         kernel = self._sklearn_kernel()
+        with np.errstate(divide="ignore", invalid="ignore"):  # refused below
+            theta = np.asarray(kernel.theta, dtype=np.float64)
+            shown = repr(kernel)  # scikit-learn prints a negative constant's sqrt
+        if not np.all(np.isfinite(theta)):
+            names = _sklearn_theta_names(kernel)
+            logs = {n: float(t) for n, t in zip(names, theta, strict=True)}
+            raise ValueError(
+                f"kernel {shown} has hyperparameters that are not finite and "
+                f"positive (their logs: {logs})"
+            )
+        for hp in kernel.hyperparameters:
+            if not hp.fixed:
+                bounds = np.asarray(hp.bounds, dtype=np.float64).reshape(-1, 2)
+                if not np.all(bounds[:, 0] < bounds[:, 1]):
+                    raise ValueError(
+                        f"kernel {kernel!r}: the bounds of {hp.name} must have "
+                        f"low < high (use 'fixed' to fix it), got {hp.bounds!r}"
+                    )
         params = kernel.get_params(deep=True)
         result = []
         for hp in kernel.hyperparameters:

@@ -129,6 +129,13 @@ def _check_label_pair(y_true, y_pred):
                 f"sequence {i} has {a.shape[0]} labels in y_true but "
                 f"{b.shape[0]} in y_pred"
             )
+    # Strings never equal numbers: every label would count as wrong.
+    strings = [{s.dtype.kind in "US" for s in y if s.size} for y in (true, pred)]
+    if strings[0] and strings[1] and strings[0] != strings[1]:
+        raise ValueError(
+            "y_true and y_pred mix label types (strings in one, numbers in the "
+            "other); give both as one type"
+        )
     return [a.tolist() for a in true], [b.tolist() for b in pred]
 
 

@@ -550,6 +550,24 @@ def test_estimator_ess_refuses_large_training_set_before_allocating(monkeypatch)
         model.fit(X, y)
 
 
+def test_estimator_ess_takes_the_chain_likelihood_by_name_or_object():
+    # A ChainCRF() object is the exact chain too (it was refused); the
+    # pseudo-likelihood is not.
+    from skgpstruct import GPStructClassifier
+    from skgpstruct.likelihoods import ChainCRF
+
+    X, y = make_sequences(8, random_state=0)
+    params = dict(inference="ess", ess_n_iter=20, random_state=0,
+                  learn_hyperparameters=False)
+    by_name = GPStructClassifier(likelihood="crf", **params).fit(X, y)
+    by_object = GPStructClassifier(likelihood=ChainCRF(), **params).fit(X, y)
+    np.testing.assert_array_equal(
+        by_name.ess_.unary_samples, by_object.ess_.unary_samples
+    )
+    with pytest.raises(ValueError, match="exact chain likelihood only"):
+        GPStructClassifier(likelihood="pseudo", **params).fit(X, y)
+
+
 def test_estimator_ess_rejects_bad_burn_in():
     from skgpstruct import GPStructClassifier
 

@@ -763,3 +763,50 @@ def test_grouped_linear_repr_summarises_groups():
         "GroupedLinearKernel(groups=<5000 features in 3 groups>, "
         "variance=[1, 2, 3.5], bias=1)"
     )
+
+
+# ---------------------------------------------------------------------------
+# Values refused when the kernel is checked (they failed deep inside fit)
+
+
+@pytest.mark.parametrize(
+    ("kernel", "message"),
+    [
+        (RBF(length_scale=0.0), r"not finite and positive \(their logs: "
+         r"\{'length_scale': -inf\}"),
+        (RBF(length_scale=np.nan), "not finite and positive"),
+        (RBF(length_scale=[1.0, np.nan]), r"'length_scale\[1\]': nan"),
+        (RBF(length_scale=-1.0), "not finite and positive"),
+        (WhiteKernel(noise_level=0.0), "not finite and positive"),
+        (ConstantKernel(-1.0) * RBF(), r"'k1__constant_value': nan"),
+        (RBF(length_scale_bounds=(5.0, 1.0)),
+         "bounds of length_scale must have low < high"),
+    ],
+    ids=["zero", "NaN", "ARD NaN", "negative", "white zero", "product", "bounds"],
+)
+def test_sklearn_kernel_values_are_checked(kernel, message):
+    with pytest.raises(ValueError, match=message):
+        check_kernel(kernel, sparse=False)
+
+
+def test_sklearn_compound_kernel_is_refused():
+    from sklearn.gaussian_process.kernels import CompoundKernel
+
+    with pytest.raises(ValueError, match="is a CompoundKernel"):
+        check_kernel(CompoundKernel([RBF(), RBF()]), sparse=False)
+
+
+@pytest.mark.parametrize("variance", [[1.0, np.inf], [1.0, np.nan], [True, True], True])
+def test_grouped_variance_must_be_finite_and_numeric(variance):
+    # An infinite variance gave NaN on dense rows and finite values on sparse.
+    kernel = kernels_module.GroupedLinearKernel([0, 0, 1], variance=variance)
+    with pytest.raises(ValueError, match="variance must be"):
+        kernel(np.ones((2, 3)))
+
+
+@pytest.mark.parametrize("kernel", [RBFKernel(), LinearKernel()], ids=repr)
+def test_theta_that_over_or_underflows_is_refused(kernel):
+    with pytest.raises(ValueError, match=r"exp\(theta\) over- or underflows"):
+        kernel.clone_with_theta(np.array([1000.0, -1000.0]))
+    with pytest.raises(ValueError, match=r"exp\(theta\) over- or underflows"):
+        kernel.theta = np.array([800.0, 0.0])

@@ -54,6 +54,7 @@ def test_token_and_sequence_accuracy():
         ("O", [["O"]], "y_true must be a list of per-sequence label lists"),
         ([["O"]], ["O"], r"y_pred\[0\] is a single string"),
         ([], [], "no sequences"),
+        ([[0, 1]], [["0", "1"]], "mix label types"),  # was 0.0, silently
     ],
 )
 def test_bad_label_sequences(y_true, y_pred, message):
