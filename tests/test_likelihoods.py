@@ -616,3 +616,60 @@ def test_callable_with_pathwise_gradient_is_refused(data):
         r"CallableLikelihood\(func=chain_loglik_numpy\) .*use gradient='score'",
     ):
         model.fit(X, y)
+
+
+class _Returns(Likelihood):
+    """A subclass whose outputs are whatever the test sets."""
+
+    has_gradient = True
+
+    def __init__(self, value=None, out=None):
+        self.value, self.out = value, out
+
+    def _log_prob(self, unary, pairwise, offsets, labels):
+        return self.value
+
+    def _log_prob_and_gradient(self, unary, pairwise, offsets, labels):
+        return self.out
+
+
+def _batch(S=2, T=5, V=3):
+    offsets = np.array([0, 2, 5])
+    return np.zeros((S, T, V)), np.zeros((S, V, V)), offsets, np.zeros(T, dtype=int)
+
+
+@pytest.mark.parametrize(
+    ("value", "message"),
+    [
+        (np.zeros((2, 1)), r"log-likelihood of dtype float64 and shape \(2, 1\); "
+         r"expected real numbers of shape \(2, 2\)"),
+        (0, r"shape \(\); expected"),
+        ([[0.0, 0.0], [0.0]], "not an array"),
+        (np.full((2, 2), np.nan), "NaN log-likelihood"),
+        (np.zeros((2, 2), dtype=complex), "dtype complex128"),
+    ],
+    ids=["shape", "scalar", "ragged", "NaN", "complex"],
+)
+def test_subclass_log_prob_output_is_checked(value, message):
+    # It failed later with a reshape or attribute error from the engine.
+    with pytest.raises(ValueError, match=message):
+        _Returns(value=value).log_prob(*_batch())
+
+
+@pytest.mark.parametrize(
+    ("index", "bad", "message"),
+    [
+        (1, np.zeros((2, 5)), r"unary gradient .* shape \(2, 5\); expected .*"
+         r"\(2, 5, 3\)"),
+        (2, np.zeros((2, 3, 3)), r"pairwise gradient .* expected .*\(2, 2, 3, 3\)"),
+        (0, np.full((2, 2), np.nan), "NaN log-likelihood"),
+    ],
+)
+def test_subclass_gradient_output_is_checked(index, bad, message):
+    out = [np.zeros((2, 2)), np.zeros((2, 5, 3)), np.zeros((2, 2, 3, 3))]
+    assert len(_Returns(out=tuple(out)).log_prob_and_gradient(*_batch())) == 3
+    out[index] = bad
+    with pytest.raises(ValueError, match=message):
+        _Returns(out=tuple(out)).log_prob_and_gradient(*_batch())
+    with pytest.raises(ValueError, match="must return .log_prob, grad_unary"):
+        _Returns(out=np.zeros(3)).log_prob_and_gradient(*_batch())

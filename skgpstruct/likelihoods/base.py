@@ -9,7 +9,26 @@ to decide whether the pathwise estimator is available.
 
 from abc import ABC, abstractmethod
 
+import numpy as np
+
 __all__ = ["Likelihood"]
+
+
+def _checked(likelihood, what, value, shape):
+    """``value`` as a float array of ``shape``, or a ValueError that names the
+    likelihood (a subclass's own :meth:`Likelihood._log_prob` may return
+    anything)."""
+    try:
+        array = np.asarray(value)
+    except (TypeError, ValueError) as exc:  # e.g. a ragged list
+        raise ValueError(f"{likelihood!r} returned a {what} that is not an array: "
+                         f"{exc}") from None
+    if array.dtype.kind not in "fiu" or array.shape != shape:
+        raise ValueError(
+            f"{likelihood!r} returned a {what} of dtype {array.dtype} and shape "
+            f"{array.shape}; expected real numbers of shape {shape}"
+        )
+    return array
 
 
 class Likelihood(ABC):
@@ -77,8 +96,21 @@ class Likelihood(ABC):
         Returns
         -------
         log_prob : ndarray of shape (n_samples, n_sequences)
+
+        Raises
+        ------
+        ValueError
+            If :meth:`_log_prob` returns something else than real numbers of
+            that shape, or NaN.
         """
-        return self._log_prob(unary, pairwise, offsets, labels)
+        shape = (unary.shape[0], len(offsets) - 1)
+        log_p = _checked(
+            self, "log-likelihood", self._log_prob(unary, pairwise, offsets, labels),
+            shape,
+        )
+        if np.isnan(log_p).any():
+            raise ValueError(f"{self!r} returned a NaN log-likelihood")
+        return log_p
 
     def log_prob_and_gradient(self, unary, pairwise, offsets, labels):
         """Log-likelihood and its gradient with respect to the potentials.
@@ -98,7 +130,21 @@ class Likelihood(ABC):
                 f"{type(self).__name__} provides no gradient; use the score "
                 "estimator (gradient='score')"
             )
-        return self._log_prob_and_gradient(unary, pairwise, offsets, labels)
+        out = self._log_prob_and_gradient(unary, pairwise, offsets, labels)
+        if not isinstance(out, tuple | list) or len(out) != 3:
+            raise ValueError(
+                f"{self!r} must return (log_prob, grad_unary, grad_pairwise) from "
+                f"_log_prob_and_gradient, got {type(out).__name__}"
+            )
+        S, n_seq, V = unary.shape[0], len(offsets) - 1, unary.shape[2]
+        log_p = _checked(self, "log-likelihood", out[0], (S, n_seq))
+        if np.isnan(log_p).any():
+            raise ValueError(f"{self!r} returned a NaN log-likelihood")
+        return (
+            log_p,
+            _checked(self, "unary gradient", out[1], unary.shape),
+            _checked(self, "pairwise gradient", out[2], (S, n_seq, V, V)),
+        )
 
     def decoding_pairwise(self, pairwise):
         """Transition potentials of the linear chain that predictions use.
