@@ -60,16 +60,31 @@ def make_sequences(
         ("n_classes", n_classes, 2),
         ("n_features", n_features, 1),
     ):
-        if not isinstance(value, numbers.Integral) or value < low:
+        if (
+            not isinstance(value, numbers.Integral)
+            or isinstance(value, bool)
+            or value < low
+        ):
             raise ValueError(f"{name} must be an integer >= {low}, got {value!r}")
-    lo, hi = length_range
+    try:
+        lo, hi = length_range
+    except (TypeError, ValueError):
+        lo = hi = None
     if not (isinstance(lo, numbers.Integral) and isinstance(hi, numbers.Integral)
             and 1 <= lo <= hi):
         raise ValueError(
             f"length_range must be two integers 1 <= low <= high, got {length_range!r}"
         )
-    if not 0 <= stickiness < 1:
-        raise ValueError(f"stickiness must be in [0, 1), got {stickiness!r}")
+    for name, value, valid, accepted in (
+        ("stickiness", stickiness, lambda v: 0 <= v < 1, "in [0, 1)"),
+        ("noise", noise, lambda v: 0 <= v < np.inf, "a finite number >= 0"),
+    ):
+        if (
+            not isinstance(value, numbers.Real)
+            or isinstance(value, bool)
+            or not valid(value)
+        ):
+            raise ValueError(f"{name} must be {accepted}, got {value!r}")
     rng = np.random.default_rng(random_state)
     means = 1.5 * rng.standard_normal((n_classes, n_features))
     rotation, _ = np.linalg.qr(rng.standard_normal((n_features, n_features)))

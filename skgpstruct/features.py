@@ -615,8 +615,9 @@ class SequenceDictVectorizer(
         check_is_fitted(self, "vectorizer_")
         flat, lengths = _check_dict_sequences(X)
         if not flat:
-            n_features = len(self.get_feature_names_out()) if hasattr(
-                self.vectorizer_, "get_feature_names_out") else 0
+            # The width of the output: that of one token without features
+            # (a FeatureHasher has no feature names to count).
+            n_features = self.vectorizer_.transform([{}]).shape[1]
             return [sp.csr_matrix((0, n_features)) for _ in lengths]
         stacked = self.vectorizer_.transform(flat)
         return split_by_offsets(stacked, offsets_from_lengths(lengths))

@@ -370,6 +370,11 @@ class MarginalsDisplay:
 def _flatten_marginals(y_true, marginals, classes):
     """(probabilities, outcomes) over every token and label, both 1-D."""
     classes = np.asarray(classes)
+    distinct = classes.ndim == 1 and np.unique(classes).size == classes.size
+    if classes.size == 0 or not distinct:
+        raise ValueError(
+            f"classes must be a 1-D array of distinct labels, got {classes!r}"
+        )
     if isinstance(marginals, np.ndarray) and marginals.ndim == 2:
         probs = marginals
         labels = np.asarray(y_true)
@@ -379,8 +384,15 @@ def _flatten_marginals(y_true, marginals, classes):
                 f"y_true has {len(y_true)} sequences but marginals has "
                 f"{len(marginals)}"
             )
-        pieces = [np.asarray(m, dtype=np.float64).reshape(-1, classes.shape[0])
-                  for m in marginals]
+        pieces = []
+        for i, (m, s) in enumerate(zip(marginals, y_true, strict=True)):
+            m = np.asarray(m, dtype=np.float64)
+            if m.shape != (np.size(s), classes.shape[0]):
+                raise ValueError(
+                    f"marginals[{i}] must have shape (T, n_classes) = "
+                    f"({np.size(s)}, {classes.shape[0]}), got {m.shape}"
+                )
+            pieces.append(m)
         probs = (np.concatenate(pieces) if pieces
                  else np.empty((0, classes.shape[0])))
         label_pieces = [np.asarray(s) for s in y_true]
@@ -400,6 +412,10 @@ def _flatten_marginals(y_true, marginals, classes):
     if np.any(probs < 0) or np.any(probs > 1) or not np.all(np.isfinite(probs)):
         raise ValueError("marginals must be probabilities in [0, 1]")
     outcomes = labels[:, None] == classes[None, :]
+    unknown = ~outcomes.any(axis=1)
+    if unknown.any():
+        missing = sorted(set(labels[unknown].tolist()))[:5]
+        raise ValueError(f"y_true has labels not in classes: {missing}")
     return probs.ravel(), outcomes.ravel().astype(np.float64)
 
 

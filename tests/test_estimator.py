@@ -1330,3 +1330,25 @@ def test_collapse_when_every_feature_is_lone(monkeypatch):
     np.testing.assert_allclose(
         model.q_mu_[..., 5:10], 0.5 * model.q_mu_[..., 0:5], rtol=1e-12
     )
+
+
+@pytest.mark.parametrize(
+    ("params", "message"),
+    [
+        ({"n_sequences": 0}, r"n_sequences must be an integer >= 1"),
+        ({"n_sequences": True}, r"n_sequences must be an integer >= 1"),
+        ({"n_classes": 1}, r"n_classes must be an integer >= 2"),
+        ({"length_range": (5, 2)}, r"length_range must be two integers"),
+        ({"length_range": 5}, r"length_range must be two integers"),
+        ({"stickiness": 1.0}, r"stickiness must be in \[0, 1\)"),
+        ({"stickiness": None}, r"stickiness must be in \[0, 1\)"),
+        ({"noise": np.nan}, r"noise must be a finite number >= 0"),
+        ({"noise": -1.0}, r"noise must be a finite number >= 0"),
+        ({"noise": "a"}, r"noise must be a finite number >= 0"),
+    ],
+    ids=lambda v: re.sub(r"\W+", "-", repr(v)).strip("-"),
+)
+def test_make_sequences_checks_its_arguments(params, message):
+    # NaN or negative noise gave NaN features; the others raised TypeErrors.
+    with pytest.raises(ValueError, match=message):
+        make_sequences(**{"n_sequences": 3, **params})

@@ -249,3 +249,14 @@ def test_sequence_dict_vectorizer_bad_param_and_not_fitted():
         SequenceDictVectorizer(vectorizer="dict").fit(TOKEN_DICTS)
     with pytest.raises(NotFittedError):
         SequenceDictVectorizer().transform(TOKEN_DICTS)
+
+
+@pytest.mark.parametrize(
+    "vectorizer", [None, FeatureHasher(n_features=16)], ids=["dict", "hasher"]
+)
+def test_dict_vectorizer_keeps_its_width_on_empty_sequences_only(vectorizer):
+    # Only empty sequences: their matrices still have the fitted width (a
+    # hasher's gave 0 columns, which a pipeline's classifier then refused).
+    vec = SequenceDictVectorizer(vectorizer).fit(TOKEN_DICTS)
+    width = vec.transform(TOKEN_DICTS)[0].shape[1]
+    assert [m.shape for m in vec.transform([[], []])] == [(0, width), (0, width)]

@@ -174,6 +174,16 @@ def test_reliability_input_checks():
         ReliabilityDisplay.from_predictions([[0], [1]], [np.ones((1, 2)) / 2], [0, 1])
     with pytest.raises(ValueError, match="probabilities"):
         ReliabilityDisplay.from_predictions([[0]], [np.array([[1.5, -0.5]])], [0, 1])
+    # A transposed sequence (its values were reshaped into other tokens'),
+    # labels outside classes (counted as outcome 0) and repeated classes.
+    marginals = np.array([[0.8, 0.2], [0.3, 0.7], [0.9, 0.1], [0.4, 0.6]])
+    with pytest.raises(ValueError, match=r"marginals\[0\] must have shape .*"
+                       r"\(4, 2\), got \(2, 4\)"):
+        ReliabilityDisplay.from_predictions([[0, 1, 0, 1]], [marginals.T], [0, 1])
+    with pytest.raises(ValueError, match=r"labels not in classes: \['Z'\]"):
+        ReliabilityDisplay.from_predictions([["Z", "a"]], [marginals[:2]], ["a", "b"])
+    with pytest.raises(ValueError, match="distinct labels"):
+        ReliabilityDisplay.from_predictions([[0, 1]], [marginals[:2]], [0, 0])
 
 
 def test_missing_matplotlib_message(monkeypatch):
