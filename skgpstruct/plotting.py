@@ -231,7 +231,7 @@ class MarginalsDisplay:
 
     def __init__(self, marginals, classes, *, tokens=None, y_true=None):
         marginals = np.asarray(marginals, dtype=np.float64)
-        classes = np.asarray(classes)
+        classes = _check_classes(classes)
         if marginals.ndim != 2 or marginals.shape[1] != classes.shape[0]:
             raise ValueError(
                 "marginals must have shape (n_tokens, n_classes) with one "
@@ -248,6 +248,9 @@ class MarginalsDisplay:
                 f"y_true has {len(y_true)} labels but the sequence has "
                 f"{marginals.shape[0]} tokens"
             )
+        _check_probabilities(marginals)
+        if y_true is not None:
+            _check_known_labels(np.asarray(y_true), classes)
         self.marginals = marginals
         self.classes = classes
         self.tokens = tokens
@@ -369,12 +372,7 @@ class MarginalsDisplay:
 # ---------------------------------------------------------------------- #
 def _flatten_marginals(y_true, marginals, classes):
     """(probabilities, outcomes) over every token and label, both 1-D."""
-    classes = np.asarray(classes)
-    distinct = classes.ndim == 1 and np.unique(classes).size == classes.size
-    if classes.size == 0 or not distinct:
-        raise ValueError(
-            f"classes must be a 1-D array of distinct labels, got {classes!r}"
-        )
+    classes = _check_classes(classes)
     if isinstance(marginals, np.ndarray) and marginals.ndim == 2:
         probs = marginals
         labels = np.asarray(y_true)
@@ -409,14 +407,36 @@ def _flatten_marginals(y_true, marginals, classes):
         )
     if probs.shape[0] == 0:
         raise ValueError("y_true and marginals contain no tokens")
-    if np.any(probs < 0) or np.any(probs > 1) or not np.all(np.isfinite(probs)):
+    _check_probabilities(probs)
+    outcomes = _check_known_labels(labels, classes)
+    return probs.ravel(), outcomes.ravel().astype(np.float64)
+
+
+def _check_classes(classes):
+    """``classes`` as a non-empty 1-D array of distinct labels."""
+    classes = np.asarray(classes)
+    distinct = classes.ndim == 1 and np.unique(classes).size == classes.size
+    if classes.size == 0 or not distinct:
+        raise ValueError(
+            f"classes must be a 1-D array of distinct labels, got {classes!r}"
+        )
+    return classes
+
+
+def _check_probabilities(probs):
+    if not np.all(np.isfinite(probs)) or np.any(probs < 0) or np.any(probs > 1):
         raise ValueError("marginals must be probabilities in [0, 1]")
+
+
+def _check_known_labels(labels, classes):
+    """The (n_tokens, n_classes) outcomes of ``labels``; every label must be
+    one of ``classes``."""
     outcomes = labels[:, None] == classes[None, :]
     unknown = ~outcomes.any(axis=1)
     if unknown.any():
         missing = sorted(set(labels[unknown].tolist()))[:5]
         raise ValueError(f"y_true has labels not in classes: {missing}")
-    return probs.ravel(), outcomes.ravel().astype(np.float64)
+    return outcomes
 
 
 class ReliabilityDisplay:

@@ -92,6 +92,15 @@ def test_marginals_shape_checks():
         MarginalsDisplay(np.ones((3, 2)), ["a", "b", "c"])
     with pytest.raises(ValueError, match="tokens has 2 entries"):
         MarginalsDisplay(np.ones((3, 2)) / 2, ["a", "b"], tokens=["x", "y"])
+    # Accepted before: NaN or out-of-range values drawn as colours, labels
+    # outside classes drawn nowhere; a string of classes gave an IndexError.
+    for bad in (np.full((3, 2), np.nan), np.full((3, 2), 1.5), -np.ones((3, 2))):
+        with pytest.raises(ValueError, match=r"probabilities in \[0, 1\]"):
+            MarginalsDisplay(bad, ["a", "b"])
+    with pytest.raises(ValueError, match=r"labels not in classes: \['z'\]"):
+        MarginalsDisplay(np.ones((3, 2)) / 2, ["a", "b"], y_true=["a", "z", "b"])
+    with pytest.raises(ValueError, match="1-D array of distinct labels"):
+        MarginalsDisplay(np.ones((3, 1)), "A")
 
 
 def _hand_reliability(y_true, marginals, classes, n_bins):
