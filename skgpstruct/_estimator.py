@@ -39,6 +39,7 @@ from .inference.terms import Chunk, sample_unary, sample_unary_stacked
 from .kernels import GroupedLinearKernel, LinearKernel, check_kernel
 from .likelihoods import ChainCRF, get_likelihood
 from .optim.lbfgs import (
+    NonFiniteStart,
     OptimizationResult,
     Timer,
     minimize_lbfgs,
@@ -72,6 +73,19 @@ _OPTIONS = {
     "decode": ("viterbi", "marginal"),
     "inducing": ("auto", "features", "kmeans++", "random"),
 }
+
+
+@contextlib.contextmanager
+def _explained_start(X_all):
+    """Say what makes the ELBO non-finite where the fit starts."""
+    try:
+        yield
+    except NonFiniteStart as exc:
+        raise ValueError(
+            f"the ELBO cannot be evaluated where the fit starts ({exc}): X's "
+            f"values may be too large (largest |x| = {_largest_magnitude(X_all):.3g};"
+            " scale the features down), or the likelihood gives -inf or NaN"
+        ) from None
 
 
 @contextlib.contextmanager
@@ -955,11 +969,12 @@ GroupedLinearKernel`: automatic relevance determination per group).
                     evaluation = objective.evaluate(x, parallel)
                     return evaluation.objective, evaluation.gradient
 
-                result = _maximize(
-                    minimize_lbfgs, value_and_grad, x0, bounds,
-                    _PriorUnits.of(objective, layout), max_iter=self.max_iter,
-                    tol=self.tol, callback=progress,
-                )
+                with _explained_start(X_all):
+                    result = _maximize(
+                        minimize_lbfgs, value_and_grad, x0, bounds,
+                        _PriorUnits.of(objective, layout), max_iter=self.max_iter,
+                        tol=self.tol, callback=progress,
+                    )
             else:
                 # Score estimator: each round fixes samples drawn from the
                 # posterior at its start and maximises the importance-weighted
@@ -976,12 +991,13 @@ GroupedLinearKernel`: automatic relevance determination per group).
 
                     return value_and_grad
 
-                result = _maximize(
-                    minimize_lbfgs_rounds, make_value_and_grad, x0, bounds,
-                    _PriorUnits.of(objective, layout), rounds=True,
-                    round_size=SCORE_ROUND_SIZE, max_iter=self.max_iter,
-                    tol=self.tol, callback=progress,
-                )
+                with _explained_start(X_all):
+                    result = _maximize(
+                        minimize_lbfgs_rounds, make_value_and_grad, x0, bounds,
+                        _PriorUnits.of(objective, layout), rounds=True,
+                        round_size=SCORE_ROUND_SIZE, max_iter=self.max_iter,
+                        tol=self.tol, callback=progress,
+                    )
         if not result.converged and not partial:
             warnings.warn(
                 f"GPStructClassifier did not converge in {result.n_iter} "

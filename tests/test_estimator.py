@@ -1352,3 +1352,17 @@ def test_make_sequences_checks_its_arguments(params, message):
     # NaN or negative noise gave NaN features; the others raised TypeErrors.
     with pytest.raises(ValueError, match=message):
         make_sequences(**{"n_sequences": 3, **params})
+
+
+def test_fit_says_why_the_elbo_is_not_finite_at_the_start(data):
+    # Features so large that the single-precision samples overflow: the
+    # optimiser's bare "not finite at x0" now says what to look at.
+    X, y, _, _ = data
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)  # the overflow itself
+        with pytest.raises(
+            ValueError,
+            match=r"the ELBO cannot be evaluated where the fit starts .*"
+            r"largest \|x\| = \d(\.\d+)?e\+100;",
+        ):
+            GPStructClassifier(**FAST).fit([1e100 * x for x in X], y)

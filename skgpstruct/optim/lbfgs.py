@@ -71,7 +71,9 @@ from scipy.optimize import line_search
 from .._linalg import same_vector
 from .box import SmoothBox, bound_arrays
 
-__all__ = ["OptimizationResult", "minimize_lbfgs", "minimize_lbfgs_rounds"]
+__all__ = [
+    "NonFiniteStart", "OptimizationResult", "minimize_lbfgs", "minimize_lbfgs_rounds",
+]
 
 #: Number of curvature pairs kept (scipy's ``maxcor`` is 10).
 MEMORY = 20
@@ -97,6 +99,10 @@ MESSAGE_LINE_SEARCH = (
     "enough; rounding errors near the optimum, or a gradient inconsistent "
     "with the objective"
 )
+
+
+class NonFiniteStart(ValueError):
+    """The objective or its gradient is not finite at the starting point."""
 
 
 @dataclass
@@ -497,8 +503,9 @@ def minimize_lbfgs(
 
     Raises
     ------
-    ValueError
-        If the objective's value or gradient is not finite at ``x0``.
+    NonFiniteStart
+        A ValueError: the objective's value or gradient is not finite at
+        ``x0``.
     """
     x0 = np.asarray(x0, dtype=np.float64)
     box = SmoothBox(*bound_arrays(bounds, x0.size))
@@ -506,10 +513,10 @@ def minimize_lbfgs(
     z = box.from_box(x0)
     f, g = objective.raw(z)
     if not np.isfinite(f):
-        raise ValueError(f"the objective is not finite at x0: {-f}")
+        raise NonFiniteStart(f"the objective is not finite at x0: {-f}")
     n_bad = int(np.count_nonzero(~np.isfinite(g)))
     if n_bad:
-        raise ValueError(
+        raise NonFiniteStart(
             f"the gradient is not finite at x0 ({n_bad} of {g.size} entries)"
         )
     objective.remember(z, f, g)
