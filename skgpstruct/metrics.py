@@ -83,6 +83,9 @@ True
 True
 """
 
+import inspect
+import numbers
+
 import numpy as np
 from sklearn.metrics import make_scorer
 
@@ -547,6 +550,12 @@ def classification_report(y_true, y_pred, *, scheme=None, digits=4,
     >>> classification_report(y_true, y_pred, output_dict=True)["NP"]["f1-score"]
     1.0
     """
+    if (
+        not isinstance(digits, numbers.Integral)
+        or isinstance(digits, bool)
+        or digits < 0
+    ):
+        raise ValueError(f"digits must be an integer >= 0, got {digits!r}")
     counts = _chunk_counts(y_true, y_pred, scheme)
     report = {}
     for type_ in sorted(counts):
@@ -656,10 +665,19 @@ def get_sequence_scorer(name, **kwargs):
     ``iobes_f1(estimator, X, y)`` scores ``estimator.predict(X)``; it fits
     ``GridSearchCV(..., scoring=iobes_f1)``.
     """
-    if name not in SCORERS:
+    if not isinstance(name, str) or name not in SCORERS:
         raise ValueError(
             f"unknown sequence scorer {name!r}; the names are {sorted(SCORERS)}"
         )
     if not kwargs:
         return SCORERS[name]
-    return make_scorer(_METRICS[name], **kwargs)
+    metric = _METRICS[name]
+    try:  # now, not at the first call of the scorer
+        inspect.signature(metric).bind(None, None, **kwargs)
+    except TypeError:
+        accepted = list(inspect.signature(metric).parameters)[2:]
+        raise ValueError(
+            f"the {name!r} scorer takes the keyword arguments {accepted}, got "
+            f"{sorted(kwargs)}"
+        ) from None
+    return make_scorer(metric, **kwargs)

@@ -239,6 +239,10 @@ def test_classification_report_text_and_dict():
     assert lines[3].split() == ["LOC", "0.00", "0.00", "0.00", "1", "0"]
     assert lines[-2].split() == ["micro", "avg", "1.00", "0.67", "0.80", "3", "2"]
     assert lines[-1].split() == ["token", "accuracy", "0.83"]
+    # A format error ("Format specifier missing precision") before.
+    for digits in (-1, "a", True):
+        with pytest.raises(ValueError, match="digits must be an integer >= 0"):
+            classification_report(y_true, y_pred, digits=digits)
 
 
 @pytest.mark.shared_data
@@ -307,6 +311,15 @@ def test_scorers_on_fitted_estimator():
     assert iob2(model, TOY_X, TOY_Y) == chunk_f1_score(TOY_Y, predicted)
     with pytest.raises(ValueError, match="unknown sequence scorer 'f1'"):
         get_sequence_scorer("f1")
+    # Refused when the scorer is made, not at its first call (a list name
+    # gave "unhashable type").
+    with pytest.raises(ValueError, match=r"unknown sequence scorer \['f1'\]"):
+        get_sequence_scorer(["f1"])
+    with pytest.raises(ValueError, match=r"'token_accuracy' scorer takes the "
+                       r"keyword arguments \[\], got \['scheme'\]"):
+        get_sequence_scorer("token_accuracy", scheme="iob2")
+    with pytest.raises(ValueError, match=r"takes the keyword arguments \['scheme'\]"):
+        get_sequence_scorer("chunk_f1", foo=1)
 
 
 def test_grid_search_over_template_pipeline():
