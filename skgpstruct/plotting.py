@@ -107,7 +107,13 @@ class ELBOTraceDisplay:
     """
 
     def __init__(self, elbo_history, *, estimator_name=None):
-        self.elbo_history = np.asarray(elbo_history, dtype=np.float64)
+        history = np.asarray(elbo_history, dtype=np.float64)
+        if history.ndim != 1:
+            raise ValueError(
+                "elbo_history must be a 1-D sequence of values (one per "
+                f"iteration), got an array of shape {history.shape}"
+            )
+        self.elbo_history = history
         self.estimator_name = estimator_name
 
     def plot(self, ax=None, *, name=None, **kwargs):

@@ -50,6 +50,12 @@ def test_elbo_trace_from_estimator(fitted):
     assert ax.get_ylabel() == "ELBO"
 
 
+def test_elbo_trace_refuses_a_history_that_is_not_1d():
+    # It failed in plot() with "too many values to unpack".
+    with pytest.raises(ValueError, match=r"1-D sequence .* shape \(2, 2\)"):
+        ELBOTraceDisplay([[1.0, 2.0], [3.0, 4.0]])
+
+
 def test_elbo_trace_unfitted_raises():
     with pytest.raises(ValueError, match="fit it first"):
         ELBOTraceDisplay.from_estimator(GPStructClassifier())
