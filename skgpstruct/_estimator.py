@@ -816,7 +816,8 @@ GroupedLinearKernel`: automatic relevance determination per group).
                 raise ValueError("partial_fit is not available with inference='ess'")
             with reuse_blocks():
                 return self._fit_ess(
-                    X, y, X_all, offsets, classes, label_index, is_sparse, rng
+                    X, y, X_all, offsets, classes, label_index, is_sparse, rng,
+                    likelihood,
                 )
 
         warm = (self.warm_start or partial) and hasattr(self, "q_mu_")
@@ -956,6 +957,7 @@ GroupedLinearKernel`: automatic relevance determination per group).
             single_blas_thread(),
             Parallel(n_jobs=self.n_jobs, prefer="threads") as parallel,
             _released(objective),
+            _explained_start(X_all),
         ):
             if optimizer == "stochastic":
                 result = self._optimize_stochastic(
@@ -969,12 +971,11 @@ GroupedLinearKernel`: automatic relevance determination per group).
                     evaluation = objective.evaluate(x, parallel)
                     return evaluation.objective, evaluation.gradient
 
-                with _explained_start(X_all):
-                    result = _maximize(
-                        minimize_lbfgs, value_and_grad, x0, bounds,
-                        _PriorUnits.of(objective, layout), max_iter=self.max_iter,
-                        tol=self.tol, callback=progress,
-                    )
+                result = _maximize(
+                    minimize_lbfgs, value_and_grad, x0, bounds,
+                    _PriorUnits.of(objective, layout), max_iter=self.max_iter,
+                    tol=self.tol, callback=progress,
+                )
             else:
                 # Score estimator: each round fixes samples drawn from the
                 # posterior at its start and maximises the importance-weighted
@@ -991,13 +992,12 @@ GroupedLinearKernel`: automatic relevance determination per group).
 
                     return value_and_grad
 
-                with _explained_start(X_all):
-                    result = _maximize(
-                        minimize_lbfgs_rounds, make_value_and_grad, x0, bounds,
-                        _PriorUnits.of(objective, layout), rounds=True,
-                        round_size=SCORE_ROUND_SIZE, max_iter=self.max_iter,
-                        tol=self.tol, callback=progress,
-                    )
+                result = _maximize(
+                    minimize_lbfgs_rounds, make_value_and_grad, x0, bounds,
+                    _PriorUnits.of(objective, layout), rounds=True,
+                    round_size=SCORE_ROUND_SIZE, max_iter=self.max_iter,
+                    tol=self.tol, callback=progress,
+                )
         if not result.converged and not partial:
             warnings.warn(
                 f"GPStructClassifier did not converge in {result.n_iter} "
@@ -1095,13 +1095,14 @@ GroupedLinearKernel`: automatic relevance determination per group).
             return LinearKernel(variance=scale, bias=1.0)
         return check_kernel(self.kernel, sparse=is_sparse)
 
-    def _fit_ess(self, X, y, X_all, offsets, classes, label_index, is_sparse, rng):
+    def _fit_ess(self, X, y, X_all, offsets, classes, label_index, is_sparse, rng,
+                 likelihood):
         """GPstruct: elliptical slice sampling under the full GP prior, at the
         hyperparameters a variational fit learns (``learn_hyperparameters``)
         or at their initial values."""
         if self.warm_start and hasattr(self, "classes_"):
             raise ValueError("warm_start=True is not supported with inference='ess'")
-        if type(get_likelihood(self.likelihood)) is not ChainCRF:
+        if type(likelihood) is not ChainCRF:
             raise ValueError(
                 "inference='ess' samples with the exact chain likelihood only; "
                 f"got likelihood={self.likelihood!r}, use likelihood='crf'"
@@ -1516,8 +1517,6 @@ GroupedLinearKernel`: automatic relevance determination per group).
             Labels from ``classes_``; a zero-length sequence gets an empty
             array.
         """
-        check_is_fitted(self, "classes_")
-        self._check_prediction_params()
         if self.decode == "marginal":
             return [
                 self.classes_[np.argmax(m, axis=1)] if len(m) else self.classes_[:0]

@@ -551,7 +551,7 @@ def test_warm_stochastic_fit_continues_saga_only_on_the_same_items(monkeypatch):
         model.fit(X[:20], y[:20])
         first = model._saga_state
         model.fit(X[:20], y[:20])
-        assert states == [None, first]
+        assert len(states) == 2 and states[0] is None and states[1] is first
         assert model._saga_state is first  # continued in place
         model.fit(X[20:], y[20:])
     assert states[2] is None

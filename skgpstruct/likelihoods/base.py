@@ -31,6 +31,14 @@ def _checked(likelihood, what, value, shape):
     return array
 
 
+def _checked_log_prob(likelihood, value, shape):
+    """:func:`_checked` for the log-likelihood, which must not be NaN."""
+    log_p = _checked(likelihood, "log-likelihood", value, shape)
+    if np.isnan(log_p).any():
+        raise ValueError(f"{likelihood!r} returned a NaN log-likelihood")
+    return log_p
+
+
 class Likelihood(ABC):
     """Base class of sequence likelihoods ``p(y | f_unary, f_pairwise)``.
 
@@ -103,14 +111,10 @@ class Likelihood(ABC):
             If :meth:`_log_prob` returns something else than real numbers of
             that shape, or NaN.
         """
-        shape = (unary.shape[0], len(offsets) - 1)
-        log_p = _checked(
-            self, "log-likelihood", self._log_prob(unary, pairwise, offsets, labels),
-            shape,
+        return _checked_log_prob(
+            self, self._log_prob(unary, pairwise, offsets, labels),
+            (unary.shape[0], len(offsets) - 1),
         )
-        if np.isnan(log_p).any():
-            raise ValueError(f"{self!r} returned a NaN log-likelihood")
-        return log_p
 
     def log_prob_and_gradient(self, unary, pairwise, offsets, labels):
         """Log-likelihood and its gradient with respect to the potentials.
@@ -137,11 +141,8 @@ class Likelihood(ABC):
                 f"_log_prob_and_gradient, got {type(out).__name__}"
             )
         S, n_seq, V = unary.shape[0], len(offsets) - 1, unary.shape[2]
-        log_p = _checked(self, "log-likelihood", out[0], (S, n_seq))
-        if np.isnan(log_p).any():
-            raise ValueError(f"{self!r} returned a NaN log-likelihood")
         return (
-            log_p,
+            _checked_log_prob(self, out[0], (S, n_seq)),
             _checked(self, "unary gradient", out[1], unary.shape),
             _checked(self, "pairwise gradient", out[2], (S, n_seq, V, V)),
         )
