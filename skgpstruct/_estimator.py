@@ -429,7 +429,9 @@ GroupedLinearKernel`: automatic relevance determination per group).
         ``"auto"`` takes the groups from ``X.feature_groups`` when ``X`` has
         them (the output of :class:`~skgpstruct.CRFppTemplateVectorizer`
         groups columns by template), else one variance for all; None always
-        uses one variance. Ignored for other kernels.
+        uses one variance. Group ids are labels: the learned
+        ``kernel_.variance`` has one value per distinct id, in the order of
+        ``kernel_.group_ids``. Ignored for other kernels.
     inference : {"variational", "ess"}, default="variational"
         ``"variational"``: the sparse variational method above. ``"ess"``:
         the original GPstruct sampler, elliptical slice sampling of the unary

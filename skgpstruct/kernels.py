@@ -807,9 +807,14 @@ class GroupedLinearKernel(Kernel):
     Parameters
     ----------
     groups : array-like of int of shape (n_features,)
-        Group index of every column, in ``[0, n_groups)``.
+        Group of every column: any non-negative integers, read as labels
+        (like a classifier's ``y``). The groups are the distinct values,
+        in increasing order (:attr:`group_ids`); an id no column has is not
+        a group, so gaps (a template all of whose features were dropped)
+        cost nothing.
     variance : float or array-like of shape (n_groups,), default=1.0
-        Prior variance of the weights of each group.
+        Prior variance of the weights of each group, in the order of
+        :attr:`group_ids`.
     bias : float, default=1.0
         Prior variance ``b`` of each label's offset (> 0 when learned; unlike
         :class:`LinearKernel`, not multiplied by a variance).
@@ -822,7 +827,7 @@ class GroupedLinearKernel(Kernel):
     Notes
     -----
     ``theta = [log variance_0, ..., log variance_{G-1}, log bias]`` (free ones
-    only).
+    only), ``variance_k`` being the group ``group_ids[k]``'s.
 
     Examples
     --------
@@ -832,6 +837,9 @@ class GroupedLinearKernel(Kernel):
     >>> X = np.array([[1.0, 1.0, 1.0]])
     >>> round(float(kernel(X)[0, 0]), 10)  # 2 * (1 + 1) + 0.5 * 1 + bias 1
     5.5
+    >>> kernel = GroupedLinearKernel(groups=[3, 3, 7], variance=[2.0, 0.5])
+    >>> kernel.group_ids.tolist(), kernel.n_groups
+    ([3, 7], 2)
     """
 
     def __init__(
@@ -855,7 +863,10 @@ class GroupedLinearKernel(Kernel):
             f"{float(variance):.4g}" if variance.ndim == 0
             else "[" + ", ".join(f"{v:.4g}" for v in variance) + "]"
         )
-        n_groups = int(groups.max()) + 1 if groups.size else 0
+        try:
+            n_groups = self.n_groups
+        except ValueError:
+            n_groups = "?"
         return (
             f"GroupedLinearKernel(groups=<{groups.size} features in {n_groups} "
             f"groups>, variance={shown}, bias={float(self.bias):.4g})"
@@ -872,10 +883,33 @@ class GroupedLinearKernel(Kernel):
             raise ValueError("groups must be non-negative integers")
         return groups.astype(np.int64, copy=False)
 
+    def _group_positions(self):
+        """``(group_ids, position)``: the distinct ids in increasing order, and
+        every column's group as a position in them."""
+        groups = self._groups()
+        largest = int(groups.max())
+        if largest < groups.size:
+            # Ids below the number of columns (the usual case, and every
+            # CRFppTemplateVectorizer's): a table of ids, linear in columns.
+            present = np.bincount(groups, minlength=largest + 1) > 0
+            if present.all():
+                return np.arange(largest + 1), groups
+            rank = np.cumsum(present) - 1
+            return np.flatnonzero(present), rank[groups]
+        # Large or sparse ids are labels: no table as long as the largest one.
+        group_ids, position = np.unique(groups, return_inverse=True)
+        return group_ids, position.astype(np.int64, copy=False)
+
+    @property
+    def group_ids(self):
+        """The distinct values of ``groups``, in increasing order (one variance
+        each)."""
+        return self._group_positions()[0]
+
     @property
     def n_groups(self):
-        """Number of groups (``max(groups) + 1``)."""
-        return int(self._groups().max()) + 1
+        """Number of groups (distinct values of ``groups``)."""
+        return self.group_ids.size
 
     def _values(self):
         n_groups = self.n_groups
@@ -894,7 +928,8 @@ class GroupedLinearKernel(Kernel):
             ):
                 raise ValueError(
                     f"variance must be a positive float or an array of {n_groups} "
-                    f"positive finite values (one per group), got {self.variance!r}"
+                    f"positive finite values (one per distinct value of groups, "
+                    f"in increasing order), got {self.variance!r}"
                 )
         bias = _check_positive(
             self.bias, "bias", allow_zero=_is_fixed(self.bias_bounds)
@@ -924,7 +959,7 @@ class GroupedLinearKernel(Kernel):
             raise ValueError(
                 f"groups has {groups.size} entries but X has {n_features} features"
             )
-        return self._values()[0][groups]
+        return self._values()[0][self._group_positions()[1]]
 
     def _scaled(self, X):
         scale = np.sqrt(self._column_variance(X.shape[1]))
@@ -942,7 +977,8 @@ class GroupedLinearKernel(Kernel):
         return np.asarray(sq @ col_var).ravel() + self._values()[1]
 
     def _group_sums(self, per_column):
-        return np.bincount(self._groups(), weights=per_column, minlength=self.n_groups)
+        group_ids, position = self._group_positions()
+        return np.bincount(position, weights=per_column, minlength=group_ids.size)
 
     def _gradient_vjp(self, X, Y, G):
         variance, bias = self._values()

@@ -7,8 +7,9 @@ import scipy.sparse as sp
 from sklearn.base import clone
 from sklearn.exceptions import NotFittedError
 from sklearn.feature_extraction import DictVectorizer, FeatureHasher
-from sklearn.pipeline import Pipeline
+from sklearn.pipeline import Pipeline, make_pipeline
 
+from skgpstruct import GPStructClassifier
 from skgpstruct.features import (
     CRFppTemplateVectorizer,
     SequenceDictVectorizer,
@@ -132,6 +133,21 @@ def test_min_count():
     )
     with pytest.raises(ValueError, match="'min_count' parameter"):
         CRFppTemplateVectorizer("U", min_count=0).fit(X)
+
+
+def test_template_dropped_by_min_count_gets_no_variance():
+    # Line 0's features all occur once: min_count drops them, its group id
+    # has no column, and the learned kernel has one variance per line kept
+    # (it had a variance for line 0 too, which nothing could move).
+    X = [[["a", "p"], ["a", "q"], ["b", "r"]], [["a", "s"], ["b", "t"], ["b", "u"]]]
+    y = [[0, 0, 1], [0, 1, 1]]
+    vec = CRFppTemplateVectorizer("U0:%x[0,1]\nU1:%x[0,0]", min_count=2).fit(X)
+    assert vec.feature_groups_.tolist() == [1, 1]
+    model = make_pipeline(vec, GPStructClassifier(random_state=0))
+    model.fit(X, y)
+    kernel = model[-1].kernel_
+    assert kernel.group_ids.tolist() == [1]
+    assert np.asarray(kernel.variance).shape == (1,)
 
 
 def test_template_from_path(tmp_path):

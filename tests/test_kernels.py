@@ -751,8 +751,36 @@ def test_grouped_linear_refuses_bad_groups():
         GroupedLinearKernel([0, 1])(X)
     with pytest.raises(ValueError, match="integer group indices"):
         GroupedLinearKernel([0.5, 1.0, 2.0])(X)
-    with pytest.raises(ValueError, match="one per group"):
+    with pytest.raises(ValueError, match="one per distinct value of groups"):
         GroupedLinearKernel([0, 1, 1], variance=[1.0, 2.0, 3.0])(X)
+
+
+def test_grouped_linear_group_ids_are_labels():
+    # Ids are labels: a kernel with gaps and a huge id is the kernel with the
+    # ids 0..G-1 in the same order (a 10**9 id asked for a table of 10**9
+    # variances, and a gap for a variance no column used).
+    from skgpstruct.kernels import GroupedLinearKernel
+
+    rng = np.random.default_rng(3)
+    X = rng.normal(size=(4, 6))
+    g = rng.normal(size=4)
+    d_scales = rng.normal(size=7)
+    variance = [0.5, 2.0, 1.5, 0.7]
+    compact = GroupedLinearKernel([1, 2, 2, 1, 3, 0], variance=variance, bias=0.3)
+    for ids in ([5, 9, 9, 5, 10**9, 0], [1, 3, 3, 1, 4, 0]):
+        kernel = GroupedLinearKernel(ids, variance=variance, bias=0.3)
+        np.testing.assert_array_equal(kernel.group_ids, np.unique(ids))
+        assert kernel.n_groups == 4
+        np.testing.assert_array_equal(kernel(X), compact(X))
+        np.testing.assert_array_equal(
+            kernel.diag_gradient_vjp(X, g), compact.diag_gradient_vjp(X, g)
+        )
+        np.testing.assert_array_equal(
+            kernel.feature_scales_vjp(d_scales), compact.feature_scales_vjp(d_scales)
+        )
+        np.testing.assert_array_equal(kernel.theta, compact.theta)
+    with pytest.raises(ValueError, match="array of 4 positive finite values"):
+        GroupedLinearKernel([5, 9, 9, 5, 10**9, 0], variance=np.ones(10))(X)
 
 
 def test_grouped_linear_repr_summarises_groups():
