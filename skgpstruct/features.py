@@ -14,6 +14,7 @@ the lists of token feature dicts that sklearn-crfsuite users already have.
 
 import os
 import re
+import warnings
 from collections import Counter
 from collections.abc import Mapping
 from numbers import Integral
@@ -283,8 +284,9 @@ class CRFppTemplateVectorizer(
     string seen in ``fit`` at least ``min_count`` times becomes one binary
     feature. Bigram (``B``) lines ask for label transition features, which
     the estimator models as pairwise potentials: the vectorizer only reports
-    them in ``uses_transitions_`` (macros on ``B`` lines are checked but not
-    expanded).
+    them in ``uses_transitions_``. Macros on ``B`` lines (CRF++'s
+    transitions conditioned on the tokens) are not modelled: ``fit`` warns,
+    checks the columns they read, and treats the line as a bare ``B``.
 
     Parameters
     ----------
@@ -387,11 +389,21 @@ class CRFppTemplateVectorizer(
         X = _check_token_sequences(X)
         if len(X) == 0:
             raise ValueError("X contains no sequences; at least one is required")
+        conditioned = [line.text for line in bigrams if line.macros]
+        if conditioned:
+            warnings.warn(
+                f"the template's B lines {conditioned} have macros: transitions "
+                "conditioned on the tokens are not modelled (the pairwise "
+                "potentials are one matrix for the whole sequence), so they act "
+                "as a bare 'B'",
+                UserWarning,
+                stacklevel=3,
+            )
         counts = Counter()
         source_line = {}
         expanded = []
         for i, seq in enumerate(X):
-            _check_columns(unigrams, seq, i)
+            _check_columns(unigrams + bigrams, seq, i)
             lines = _expand(unigrams, seq)
             for line_index, strings in enumerate(lines):
                 counts.update(strings)
@@ -404,7 +416,7 @@ class CRFppTemplateVectorizer(
         self.uses_transitions_ = bool(bigrams)
         self.unigram_templates_ = [line.text for line in unigrams]
         self.transition_templates_ = [line.text for line in bigrams]
-        self._unigrams = unigrams
+        self._unigrams, self._bigrams = unigrams, bigrams
         return expanded
 
     def transform(self, X):
@@ -430,7 +442,7 @@ class CRFppTemplateVectorizer(
         X = _check_token_sequences(X)
         out = []
         for i, seq in enumerate(X):
-            _check_columns(self._unigrams, seq, i)
+            _check_columns(self._unigrams + getattr(self, "_bigrams", []), seq, i)
             out.append(self._to_matrix(_expand(self._unigrams, seq), len(seq)))
         return FeatureSequences(out, feature_groups=self.feature_groups_)
 

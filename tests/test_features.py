@@ -1,5 +1,6 @@
 import pickle
 import time
+import warnings
 
 import numpy as np
 import pytest
@@ -133,6 +134,25 @@ def test_min_count():
     )
     with pytest.raises(ValueError, match="'min_count' parameter"):
         CRFppTemplateVectorizer("U", min_count=0).fit(X)
+
+
+def test_bigram_macros_warn_and_their_columns_are_checked():
+    # A B line with macros asks CRF++ for transitions conditioned on the
+    # tokens; they were accepted in silence and never read.
+    X = [[["a", "p"], ["b", "q"]]]
+    with pytest.warns(UserWarning, match=r"B lines \['B01:%x\[0,1\]'\] have macros"):
+        vec = CRFppTemplateVectorizer("U00:%x[0,0]\nB01:%x[0,1]").fit(X)
+    assert vec.uses_transitions_
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        CRFppTemplateVectorizer("U00:%x[0,0]\nB").fit(X)
+    with (
+        pytest.warns(UserWarning, match="have macros"),
+        pytest.raises(ValueError, match=r"'B01:%x\[0,7\]'\) reads column 7"),
+    ):
+        CRFppTemplateVectorizer("U00:%x[0,0]\nB01:%x[0,7]").fit(X)
+    with pytest.raises(ValueError, match=r"reads column 1, but token 0"):
+        vec.transform([[["a"]]])
 
 
 def test_template_dropped_by_min_count_gets_no_variance():
