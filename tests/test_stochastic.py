@@ -462,6 +462,32 @@ def test_local_gradient_expands_to_the_full_gradient(data, model_params):
             np.testing.assert_array_equal(again, expanded)
 
 
+def test_stochastic_steps_draw_their_own_transition_samples(data):
+    # A step's draws of the transitions come from its own key: the batch
+    # mode's fixed draws are not read (they were, so SAGA fitted the
+    # transitions' posterior to S fixed draws), the same key gives the same
+    # draws, another key others.
+    X, y, _, _ = data
+    objective, x = _stochastic_objective(
+        dict(kernel="linear", random_state=1), X[:20], y[:20]
+    )
+    chunk = objective.chunks[0]
+    x[objective.layout.slices["pairwise_log_std"]] = 0.0  # posterior sd 1
+    ell, record, _ = objective.evaluate_local(x, 0, 5)
+    with Parallel(n_jobs=1) as parallel:
+        batch = objective.evaluate(x, parallel, chunks=[chunk], include_kl=False)
+        objective.pairwise_noise = np.random.default_rng(9).standard_normal(
+            objective.pairwise_noise.shape
+        )
+        moved = objective.evaluate(x, parallel, chunks=[chunk], include_kl=False)
+    assert abs(moved.ell - batch.ell) > 1e-3  # the batch mode reads them
+    again, record_again, _ = objective.evaluate_local(x, 0, 5)
+    assert again == ell
+    np.testing.assert_array_equal(record_again.pairwise_std, record.pairwise_std)
+    _, other, _ = objective.evaluate_local(x, 0, 6)
+    assert not np.allclose(other.pairwise_std, record.pairwise_std)
+
+
 def test_local_gradient_of_another_chunk_is_refused():
     # Chunks of 2 sequences of different lengths: a record read back
     # against another chunk (or with another chunk's noise) is an error,

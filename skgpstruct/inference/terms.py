@@ -34,7 +34,7 @@ inducing state and the kernel hyperparameters. Everything is a pure
 function, so a chunk can run in any joblib worker.
 """
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
@@ -172,6 +172,22 @@ def _chunk_rng(chunk, iteration_key):
     )
 
 
+def _fresh_pairwise_noise(chunk, shared):
+    """Base samples of the transitions for one chunk at one stochastic step.
+
+    The batch objective shares one fixed set of draws among all chunks; a
+    stochastic step draws the chunk's own, from a stream of the iteration
+    key apart from the unaries' (whose draws :func:`expand_local` repeats),
+    so that SAGA averages over the transitions' posterior instead of
+    fitting them to ``S`` fixed draws.
+    """
+    seed = np.random.SeedSequence(
+        entropy=chunk.seed.entropy,
+        spawn_key=(*chunk.seed.spawn_key, shared.iteration_key, 1),
+    )
+    return np.random.default_rng(seed).standard_normal(shared.pairwise_noise.shape)
+
+
 def chunk_terms(chunk, shared, local=False):
     """ELL of one chunk and its gradients; see the module docstring.
 
@@ -204,6 +220,8 @@ def chunk_terms(chunk, shared, local=False):
     rng = _chunk_rng(chunk, shared.iteration_key)
     if local and shared.estimator != "pathwise":
         raise ValueError("local gradients need the pathwise estimator")
+    if shared.iteration_key > 0 and shared.estimator == "pathwise":
+        shared = replace(shared, pairwise_noise=_fresh_pairwise_noise(chunk, shared))
     stacked = _stacked(shared, chunk)
     if stacked is not None and shared.estimator == "pathwise":
         cache = chunk.noise_cache if shared.iteration_key == 0 else None
