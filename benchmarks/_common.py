@@ -791,6 +791,11 @@ def write_json(path, payload):
             return value.item()
         raise TypeError(f"cannot serialise {type(value).__name__}")
 
+    # The documented --out paths are under benchmarks/results/, which a
+    # fresh checkout does not have.
+    directory = os.path.dirname(os.fspath(path))
+    if directory:
+        os.makedirs(directory, exist_ok=True)
     with open(path, "w", encoding="utf-8") as handle:
         json.dump(payload, handle, indent=2, default=default)
     print(f"results written to {path}")

@@ -43,7 +43,7 @@ Smoke test (first fold of every data set, 1,000 iterations)::
 
 Section 1, all four data sets::
 
-    python benchmarks/bench_ess.py --out results/ess.json
+    python benchmarks/bench_ess.py --out benchmarks/results/ess.json
 
 The same sampler at the hyperparameters the ELBO learns::
 

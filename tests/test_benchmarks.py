@@ -19,6 +19,7 @@ bench_predict's row on synthetic data.
 """
 
 import importlib
+import json
 import sys
 from pathlib import Path
 
@@ -667,3 +668,13 @@ def test_bench_block_cache_pairs_fits_with_and_without_the_cache(
     assert with_cache["reused_blocks"] > 0 and with_cache["n_iter"] == 2
     table = bench_block_cache.markdown([row])
     assert table.count("\n") == 2 and "| chunking | 1178 | 2 |" in table
+
+
+def test_write_json_makes_the_folder_of_a_documented_out_path(common, tmp_path):
+    # The documented --out paths name benchmarks/results/, which a fresh
+    # checkout lacks: a finished benchmark then died on its last line.
+    path = tmp_path / "benchmarks" / "results" / "table1.json"
+    common.write_json(path, {"error": np.float64(0.25), "folds": [1, 2]})
+    assert json.loads(path.read_text(encoding="utf-8")) == {
+        "error": 0.25, "folds": [1, 2]
+    }
