@@ -27,6 +27,7 @@ from sklearn.utils._param_validation import HasMethods, Interval
 from sklearn.utils.validation import check_is_fitted
 
 from ._sequences import offsets_from_lengths, split_by_offsets
+from .io import _text_lines
 
 __all__ = [
     "FeatureSequences",
@@ -82,8 +83,7 @@ def _parse_template(template):
     text, name = _read_template(template)
     where = f" of {name}" if name else ""
     unigrams, bigrams = [], []
-    for line_number, line in enumerate(text.split("\n"), start=1):
-        line = line.rstrip("\r")
+    for line_number, line in enumerate(_text_lines(text), start=1):
         if not line.strip() or line.startswith("#"):
             continue
         if line[0] not in "UB":

@@ -12,6 +12,8 @@ the CoNLL ``conlleval`` script reads).
 """
 
 import io
+import math
+import numbers
 import os
 import re
 
@@ -161,12 +163,20 @@ def _decode(data, encoding, name):
         ) from None
 
 
+def _text_lines(text):
+    """The lines of a file's text: a leading byte-order mark dropped (it is
+    not data; some editors start utf-8 files with one), and lines ended by
+    ``\\n``, ``\\r\\n`` or a lone ``\\r``, as Python's text files read them."""
+    text = text.removeprefix("\ufeff")
+    return text.replace("\r\n", "\n").replace("\r", "\n").split("\n")
+
+
 def _parse(text, name):
     tokens, labels = [], []
     seq_tokens, seq_labels = [], []
     n_columns = None
     first_line = None
-    for line_number, line in enumerate(text.split("\n"), start=1):
+    for line_number, line in enumerate(_text_lines(text), start=1):
         line = line.strip(_BLANKS)
         if not line:
             if seq_labels:
@@ -284,7 +294,9 @@ def format_conll(tokens, labels, *more_labels, sep=" "):
                     f"tokens[{i}][{t}] is a string; each token must be a list "
                     "of column strings"
                 )
-            fields = [str(v) for v in row] + [str(col[t]) for col in label_columns]
+            fields = [_field(v, i, t) for v in row] + [
+                _field(col[t], i, t) for col in label_columns
+            ]
             for value in fields:
                 if not value or any(c in value for c in " \t\r\n"):
                     raise ValueError(
@@ -296,6 +308,45 @@ def format_conll(tokens, labels, *more_labels, sep=" "):
             out.write("\n")
         out.write("\n")
     return out.getvalue()
+
+
+def _field(value, i, t):
+    """One column value as text: a string, or a number (written as ``str``
+    writes it); anything else would be written as its repr and read back
+    as another value."""
+    if isinstance(value, str):
+        return value
+    if isinstance(value, numbers.Number) and not isinstance(value, complex):
+        if isinstance(value, numbers.Real) and not math.isfinite(value):
+            raise ValueError(
+                f"sequence {i}, token {t}: value {value} is not finite; "
+                "labels and columns are strings or finite numbers"
+            )
+        return str(value)
+    hint = " (decode bytes first)" if isinstance(value, bytes | bytearray) else ""
+    raise ValueError(
+        f"sequence {i}, token {t}: value {value!r} of type "
+        f"{type(value).__name__} is neither a string nor a number{hint}"
+    )
+
+
+def _encode(text, encoding):
+    """``text`` encoded, or a ValueError naming ``encoding`` (before any file
+    is opened, so that a failure leaves an existing file as it was)."""
+    try:
+        return text.encode(encoding)
+    except LookupError:
+        raise ValueError(
+            f"encoding={encoding!r} is not a known codec; give a Python codec "
+            "name such as 'utf-8' or 'euc-jp'"
+        ) from None
+    except UnicodeEncodeError as exc:
+        line = text.count("\n", 0, exc.start) + 1
+        raise ValueError(
+            f"cannot encode {text[exc.start:exc.end]!r} (line {line} of the "
+            f"output) with encoding={encoding!r} ({exc.reason}); give an "
+            "encoding that has it, e.g. 'utf-8'"
+        ) from None
 
 
 def write_conll(target, tokens, labels, *more_labels, sep=" ", encoding="utf-8"):
@@ -324,7 +375,8 @@ def write_conll(target, tokens, labels, *more_labels, sep=" ", encoding="utf-8")
     Raises
     ------
     ValueError
-        As :func:`format_conll`.
+        As :func:`format_conll`, or if ``encoding`` is unknown or cannot
+        encode the text; an existing file is then left as it was.
 
     Examples
     --------
@@ -342,8 +394,9 @@ def write_conll(target, tokens, labels, *more_labels, sep=" ", encoding="utf-8")
     """
     text = format_conll(tokens, labels, *more_labels, sep=sep)
     if isinstance(target, str | bytes | os.PathLike):
-        with open(target, "w", encoding=encoding, newline="\n") as handle:
-            handle.write(text)
+        data = _encode(text, encoding)
+        with open(target, "wb") as handle:
+            handle.write(data)
         return
     if not hasattr(target, "write"):
         raise TypeError(
@@ -351,8 +404,12 @@ def write_conll(target, tokens, labels, *more_labels, sep=" ", encoding="utf-8")
             f"for writing, got {type(target).__name__}"
         )
     if isinstance(target, io.TextIOBase):
+        # Checked first: a text file that fails half-way keeps half the text.
+        own = getattr(target, "encoding", None)
+        if own:
+            _encode(text, own)
         target.write(text)
     elif isinstance(target, io.RawIOBase | io.BufferedIOBase):
-        target.write(text.encode(encoding))
+        target.write(_encode(text, encoding))
     else:
         target.write(text)

@@ -190,3 +190,48 @@ def test_format_errors():
         format_conll([[]], [[]])
     with pytest.raises(ValueError, match="sep must be"):
         format_conll([[["a"]]], [["B"]], sep=",")
+
+
+@pytest.mark.parametrize(
+    ("value", "message"),
+    [
+        (b"a", "type bytes is neither a string nor a number"),
+        (None, "type NoneType is neither"),
+        (float("nan"), "value nan is not finite"),
+        (np.float64(np.inf), "value inf is not finite"),
+    ],
+)
+def test_format_refuses_values_it_would_write_as_their_repr(value, message):
+    # They were written as "b'a'", "None" and "nan", read back as other text.
+    with pytest.raises(ValueError, match=message):
+        format_conll([[[value]]], [["O"]])
+    with pytest.raises(ValueError, match=message):
+        format_conll([[["a"]]], [[value]])
+    # Numbers are written as str writes them.
+    assert format_conll([[[3]]], [[np.int64(1)]]) == "3 1\n\n"
+
+
+@pytest.mark.parametrize("encoding", ["latin-1", "no-such-codec"])
+def test_write_that_cannot_encode_leaves_the_file_as_it_was(tmp_path, encoding):
+    # The file was emptied before the encoding failed.
+    path = tmp_path / "out.data"
+    path.write_text("IMPORTANT DATA\n", encoding="utf-8")
+    with pytest.raises(ValueError, match=f"encoding='{encoding}'"):
+        write_conll(path, [[["日本"]]], [["O"]], encoding=encoding)
+    assert path.read_text(encoding="utf-8") == "IMPORTANT DATA\n"
+    buffer = io.TextIOWrapper(io.BytesIO(), encoding="latin-1")
+    with pytest.raises(ValueError, match="cannot encode '日本'"):
+        write_conll(buffer, [[["日本"]]], [["O"]])
+
+
+def test_byte_order_mark_and_lone_carriage_returns(tmp_path):
+    # The mark stayed in the first token; a file with CR line ends was read
+    # as one line.
+    expected = ([[["He", "PRP"], ["x", "Y"]], [["y", "Z"]]], [["B-NP", "O"], ["O"]])
+    assert parse_conll("\ufeffHe PRP B-NP\nx Y O\n\ny Z O\n") == expected
+    assert parse_conll("He PRP B-NP\rx Y O\r\ry Z O\r") == expected
+    path = tmp_path / "bom.data"
+    path.write_bytes("\ufeffHe PRP B-NP\r\nx Y O\r\n\r\ny Z O\r\n".encode())
+    assert read_conll(path) == expected
+    with open(path, encoding="utf-8") as handle:  # text mode keeps the mark
+        assert read_conll(handle) == expected
