@@ -6,6 +6,7 @@ them into chunks. Everything else calls these helpers.
 """
 
 import numbers
+from collections.abc import Mapping, Set
 
 import numpy as np
 import scipy.sparse as sp
@@ -142,7 +143,11 @@ def check_sequence_features(X, *, name="X", n_features=None, allow_empty=False):
             f"(n_tokens, n_features), got one 2-D array of shape {X.shape}; "
             f"wrap a single sequence as [{name}]"
         )
-    if sp.issparse(X) or isinstance(X, str | bytes) or not hasattr(X, "__len__"):
+    if (
+        sp.issparse(X)
+        or isinstance(X, str | bytes | Mapping | Set)
+        or not hasattr(X, "__len__")
+    ):
         raise ValueError(
             f"{name} must be a list of per-sequence feature matrices, "
             f"got {_describe(X)}"
@@ -237,7 +242,11 @@ def check_sequence_labels(y, lengths, *, name="y"):
     -------
     labels : list of ndarray of shape (T_n,)
     """
-    if isinstance(y, str | bytes) or not hasattr(y, "__len__"):
+    if (
+        isinstance(y, str | bytes | Mapping | Set)
+        or not hasattr(y, "__len__")
+    ):
+        # A dict or set has a length, but iterates over its keys (unordered).
         raise ValueError(
             f"{name} must be a list of per-sequence label arrays, got {_describe(y)}"
         )

@@ -16,7 +16,7 @@ import os
 import re
 import warnings
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Mapping, Set
 from numbers import Integral
 
 import numpy as np
@@ -129,7 +129,11 @@ def _parse_template(template):
 
 def _check_token_sequences(X):
     """Validate a list of sequences of token rows (lists of column strings)."""
-    if isinstance(X, str | bytes) or sp.issparse(X) or not hasattr(X, "__len__"):
+    if (
+        isinstance(X, str | bytes | Mapping | Set)
+        or sp.issparse(X)
+        or not hasattr(X, "__len__")
+    ):
         raise ValueError(
             "X must be a list of sequences, each a list of token rows (lists "
             f"of column strings) as read_conll returns, got {type(X).__name__}"

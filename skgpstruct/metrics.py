@@ -132,14 +132,47 @@ def _check_label_pair(y_true, y_pred):
                 f"sequence {i} has {a.shape[0]} labels in y_true but "
                 f"{b.shape[0]} in y_pred"
             )
-    # Strings never equal numbers: every label would count as wrong.
-    strings = [{s.dtype.kind in "US" for s in y if s.size} for y in (true, pred)]
-    if strings[0] and strings[1] and strings[0] != strings[1]:
+    # Strings never equal numbers nor bytes: every label would count as
+    # wrong; and NumPy turns a list of strings and numbers into strings.
+    kinds = {}
+    for name, y in (("y_true", y_true), ("y_pred", y_pred)):
+        kinds[name] = set().union(*(_label_kinds(seq) for seq in y))
+        if len(kinds[name]) > 1:
+            raise ValueError(
+                f"{name} mixes label types ({', '.join(sorted(kinds[name]))}); "
+                "give every label as one type"
+            )
+    if kinds["y_true"] and kinds["y_pred"] and kinds["y_true"] != kinds["y_pred"]:
+        (true_kind,), (pred_kind,) = kinds["y_true"], kinds["y_pred"]
         raise ValueError(
-            "y_true and y_pred mix label types (strings in one, numbers in the "
-            "other); give both as one type"
+            f"y_true and y_pred mix label types ({true_kind} labels in y_true, "
+            f"{pred_kind} labels in y_pred); give both as one type"
         )
     return [a.tolist() for a in true], [b.tolist() for b in pred]
+
+
+_DTYPE_KINDS = {"U": "string", "S": "bytes", "b": "number", "i": "number",
+                "u": "number", "f": "number"}
+
+
+def _label_kind(value):
+    if isinstance(value, str):
+        return "string"
+    if isinstance(value, bytes | bytearray):
+        return "bytes"
+    if isinstance(value, numbers.Number):
+        return "number"
+    return type(value).__name__
+
+
+def _label_kinds(seq):
+    """The kinds of the labels of one sequence as given (before NumPy
+    converts them): "string", "bytes", "number" or a type name."""
+    if isinstance(seq, np.ndarray) and seq.dtype.kind in _DTYPE_KINDS:
+        return {_DTYPE_KINDS[seq.dtype.kind]} if seq.size else set()
+    if np.ndim(seq) == 0:
+        return {_label_kind(seq)}
+    return {_label_kind(value) for value in np.asarray(seq, dtype=object).ravel()}
 
 
 def token_accuracy(y_true, y_pred):
@@ -281,7 +314,7 @@ def _chunk_counts(y_true, y_pred, scheme):
     start a chunk of the same type at a token and both end it at the same
     later token, with no earlier disagreement about its end or type.
     """
-    if scheme not in _SCHEMES:
+    if not isinstance(scheme, str | None) or scheme not in _SCHEMES:
         raise ValueError(
             f"scheme must be None (conlleval's rules) or one of 'iob1', "
             f"'iob2', 'ioe1', 'ioe2', 'iobes', got {scheme!r}"
@@ -653,7 +686,8 @@ def get_sequence_scorer(name, **kwargs):
     Raises
     ------
     ValueError
-        If ``name`` is not a key of :data:`SCORERS`.
+        If ``name`` is not a key of :data:`SCORERS`, or if the metric does
+        not take ``kwargs`` (their names or their values).
 
     Examples
     --------
@@ -680,4 +714,8 @@ def get_sequence_scorer(name, **kwargs):
             f"the {name!r} scorer takes the keyword arguments {accepted}, got "
             f"{sorted(kwargs)}"
         ) from None
+    try:  # their values too, by the metric's own checks on a one-token input
+        metric([["O"]], [["O"]], **kwargs)
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"the {name!r} scorer refuses {kwargs}: {exc}") from None
     return make_scorer(metric, **kwargs)

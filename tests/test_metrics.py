@@ -55,11 +55,26 @@ def test_token_and_sequence_accuracy():
         ([["O"]], ["O"], r"y_pred\[0\] is a single string"),
         ([], [], "no sequences"),
         ([[0, 1]], [["0", "1"]], "mix label types"),  # was 0.0, silently
+        # Were 0.0, 1.0 (NumPy made the 1 a "1") and 1.0 (the dict's keys).
+        ([[b"O"]], [["O"]], r"bytes labels in y_true, string labels in y_pred"),
+        ([["B-NP", 1]], [["B-NP", "1"]], r"y_true mixes label types \(number, "
+         r"string\)"),
+        ({0: ["O"]}, {0: ["O"]}, "y_true must be a list of per-sequence label"),
+        ([["O"]], {"O"}, "y_pred must be a list of per-sequence label"),
     ],
 )
 def test_bad_label_sequences(y_true, y_pred, message):
     with pytest.raises(ValueError, match=message):
         token_accuracy(y_true, y_pred)
+
+
+def test_object_arrays_of_strings_are_strings():
+    # A model fitted on object-array labels (pandas) predicts object arrays;
+    # they were refused as "mixing" with lists of str.
+    y_true = [["B-NP", "O"], ["O"]]
+    y_pred = [np.array(["B-NP", "B-NP"], dtype=object), np.array(["O"], dtype=object)]
+    assert token_accuracy(y_true, y_pred) == 2 / 3
+    assert sequence_accuracy(y_pred, y_true) == 1 / 2
 
 
 # Hand-computed cases; each gives (true chunks, predicted chunks, correct).
@@ -320,6 +335,14 @@ def test_scorers_on_fitted_estimator():
         get_sequence_scorer("token_accuracy", scheme="iob2")
     with pytest.raises(ValueError, match=r"takes the keyword arguments \['scheme'\]"):
         get_sequence_scorer("chunk_f1", foo=1)
+    # Their values too: an unknown scheme made every GridSearchCV score NaN,
+    # a list one gave "unhashable type".
+    for scheme in ("bogus", ["iob2"]):
+        with pytest.raises(ValueError, match=r"'chunk_f1' scorer refuses .*scheme "
+                           "must be None"):
+            get_sequence_scorer("chunk_f1", scheme=scheme)
+    with pytest.raises(ValueError, match=r"scheme must be None .* got \['iob2'\]"):
+        chunk_f1_score([["O"]], [["O"]], scheme=["iob2"])
 
 
 def test_grid_search_over_template_pipeline():
