@@ -244,7 +244,7 @@ def _add_demo(subparsers):
         help="L-BFGS iterations of the GP fit at most (default: %(default)s)",
     )
     parser.add_argument(
-        "--n-jobs", type=int, default=None, metavar="N",
+        "--n-jobs", type=_n_jobs, default=None, metavar="N",
         help="joblib workers for the fit (default: 1; -1 for all cores)",
     )
     parser.add_argument(
@@ -543,12 +543,14 @@ def _load_model(path):
         raise CommandError(f"{not_a_model}: it holds {held}")
     if model.get("skgpstruct_version") != __version__:
         raise _version_error(path, model.get("skgpstruct_version"))
-    if not isinstance(model.get("pipeline"), Pipeline) or not isinstance(
-        model.get("n_token_columns"), int
+    if (
+        not isinstance(model.get("pipeline"), Pipeline)
+        or not isinstance(model.get("n_token_columns"), int)
+        or not isinstance(model.get("encoding"), str)
     ):
         raise CommandError(
-            f"model file {path!r} is damaged: it lacks the fitted pipeline or "
-            "the number of token columns"
+            f"model file {path!r} is damaged: it lacks the fitted pipeline, "
+            "the number of token columns or the encoding"
         )
     for warning in caught:  # e.g. scikit-learn's InconsistentVersionWarning
         print(f"skgpstruct: warning: {path}: {warning.message}", file=sys.stderr)
@@ -763,6 +765,16 @@ def _run_train(args):
     from .kernels import get_kernel
 
     start = time.perf_counter()
+    if args.model_file == "-":
+        raise CommandError(
+            "MODEL_FILE cannot be '-': a model is a binary file, written to a "
+            "path"
+        )
+    if args.template == "-" and args.train_file == "-":
+        raise CommandError(
+            "the template and TRAIN_FILE cannot both be read from standard "
+            "input ('-'); give one of them as a file"
+        )
     template = _read_template(args.template, args.encoding)
     params = {name: getattr(args, name) for name in _TRAIN_PARAMETERS
               if name in vars(args)}
@@ -779,9 +791,14 @@ def _run_train(args):
     vectorizer = CRFppTemplateVectorizer(template, min_count=args.min_count)
     features_start = time.perf_counter()
     try:
-        X = vectorizer.fit_transform(corpus.tokens)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            X = vectorizer.fit_transform(corpus.tokens)
     except ValueError as exc:
         raise CommandError(f"{args.template} on {corpus.name}: {exc}") from None
+    for warning in caught:  # e.g. B lines with macros
+        print(f"skgpstruct: warning: {args.template}: {warning.message}",
+              file=sys.stderr)
     if not vectorizer.unigram_templates_:
         raise CommandError(
             f"{args.template}: the template has no U (unigram) line, so "

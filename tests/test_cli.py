@@ -108,7 +108,8 @@ def test_missing_command_prints_usage():
 
 @pytest.mark.parametrize(
     "args", [["demo", "--n-sequences", "0"], ["demo", "--n-sequences", "many"],
-             ["demo", "--no-such-option"]],
+             ["demo", "--no-such-option"],
+             ["demo", "--n-jobs", "0"]],  # was joblib's traceback
 )
 def test_bad_demo_options_exit_with_usage(args, capsys):
     with pytest.raises(SystemExit) as exc:
@@ -437,6 +438,14 @@ def _pickled(value, directory):
     return path
 
 
+def _without_encoding(fold, directory):
+    model = joblib.load(fold.model)
+    del model["encoding"]
+    path = directory / "no_encoding.pkl"
+    joblib.dump(model, path)
+    return path
+
+
 def _bad_template(directory):
     path = directory / "bad.template"
     path.write_text("# comment\nU00:%x[0,0]\nX01:%x[0,1]\n")
@@ -506,6 +515,18 @@ _ERRORS = {
         lambda f, d: ["predict", _moved_class_model(f, d), f.test],
         ["skgpstruct 0.0.1", f"installed version is {skgpstruct.__version__}"],
     ),
+    "model without its encoding": (  # was a KeyError traceback
+        lambda f, d: ["predict", _without_encoding(f, d), f.test],
+        ["is damaged", "the encoding"],
+    ),
+    "model written to standard output": (  # was written to a file named '-'
+        lambda f, d: ["train", "-t", f.template, f.train, "-"],
+        ["MODEL_FILE cannot be '-'"],
+    ),
+    "template and data both from standard input": (
+        lambda f, d: ["train", "-t", "-", "-", d / "m.pkl"],
+        ["cannot both be read from standard input"],
+    ),
     "wrong number of columns": (
         lambda f, d: ["predict", f.model, _one_column(d)],
         ["one.data has 1 columns per token", "give 2 columns", "or 3"],
@@ -524,6 +545,21 @@ def test_bad_input_exits_2_with_a_message(case, fold, trained, tmp_path):
     for fragment in fragments:
         assert fragment in result.stderr, (fragment, result.stderr)
     assert not (tmp_path / "m.pkl").exists()
+
+
+@needs_shared_data
+def test_train_prints_the_template_warning_as_its_own(fold, tmp_path):
+    # A B line with macros: the vectorizer's UserWarning was printed with
+    # its source file and line.
+    template = tmp_path / "template"
+    template.write_text("U00:%x[0,0]\nB01:%x[0,1]\n", encoding="utf-8")
+    result = _run("train", "-t", template, "--max-iter", "3", "-q", fold.train,
+                  tmp_path / "m.pkl")
+    assert result.returncode == 0, result.stderr
+    assert f"skgpstruct: warning: {template}: the template's B lines" in (
+        result.stderr
+    )
+    assert "UserWarning" not in result.stderr
 
 
 @needs_shared_data
