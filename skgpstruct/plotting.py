@@ -236,14 +236,22 @@ class MarginalsDisplay:
     """
 
     def __init__(self, marginals, classes, *, tokens=None, y_true=None):
-        marginals = np.asarray(marginals, dtype=np.float64)
         classes = _check_classes(classes)
+        marginals = _float_array(marginals, "marginals")
         if marginals.ndim != 2 or marginals.shape[1] != classes.shape[0]:
             raise ValueError(
                 "marginals must have shape (n_tokens, n_classes) with one "
                 f"column per class ({classes.shape[0]} classes), got shape "
                 f"{marginals.shape}"
             )
+        if marginals.shape[0] == 0:
+            raise ValueError("marginals has no tokens: there is nothing to draw")
+        for name, value in (("tokens", tokens), ("y_true", y_true)):
+            if value is not None and (isinstance(value, str) or np.ndim(value) != 1):
+                raise ValueError(
+                    f"{name} must be a 1-D sequence with one entry per token, "
+                    f"got {value!r}"
+                )
         if tokens is not None and len(tokens) != marginals.shape[0]:
             raise ValueError(
                 f"tokens has {len(tokens)} entries but the sequence has "
@@ -381,7 +389,7 @@ def _flatten_marginals(y_true, marginals, classes):
     classes = _check_classes(classes)
     if isinstance(marginals, np.ndarray) and marginals.ndim == 2:
         probs = marginals
-        labels = np.asarray(y_true)
+        labels = _token_labels(y_true)
     else:
         if len(y_true) != len(marginals):
             raise ValueError(
@@ -390,7 +398,13 @@ def _flatten_marginals(y_true, marginals, classes):
             )
         pieces = []
         for i, (m, s) in enumerate(zip(marginals, y_true, strict=True)):
-            m = np.asarray(m, dtype=np.float64)
+            if isinstance(s, str) or np.ndim(s) != 1:
+                raise ValueError(
+                    f"y_true[{i}] must be the labels of sequence {i}, got "
+                    f"{s!r}: with a list of per-sequence marginals, y_true is "
+                    "a list of per-sequence label lists"
+                )
+            m = _float_array(m, f"marginals[{i}]")
             if m.shape != (np.size(s), classes.shape[0]):
                 raise ValueError(
                     f"marginals[{i}] must have shape (T, n_classes) = "
@@ -418,10 +432,44 @@ def _flatten_marginals(y_true, marginals, classes):
     return probs.ravel(), outcomes.ravel().astype(np.float64)
 
 
+def _float_array(value, name):
+    """``value`` as a float64 array, or a ValueError naming it (a ragged
+    list gave NumPy's 'inhomogeneous shape')."""
+    try:
+        return np.asarray(value, dtype=np.float64)
+    except (TypeError, ValueError):
+        raise ValueError(
+            f"{name} must be a rectangular array of probabilities, got "
+            f"{value!r:.200}"
+        ) from None
+
+
+def _token_labels(y_true):
+    """The labels of every token as a 1-D array: ``y_true`` as one array of
+    labels, or as a list of per-sequence label lists (concatenated)."""
+    if isinstance(y_true, str) or not hasattr(y_true, "__len__"):
+        raise ValueError(f"y_true must be a sequence of labels, got {y_true!r}")
+    items = list(y_true)
+    if items and all(
+        not isinstance(item, str) and np.ndim(item) == 1 for item in items
+    ):
+        return np.concatenate([np.asarray(item) for item in items])
+    labels = np.asarray(items, dtype=object if not items else None)
+    if labels.ndim != 1:
+        raise ValueError(
+            "y_true must be the labels of every token, or a list of "
+            f"per-sequence label lists; got {y_true!r:.200}"
+        )
+    return labels
+
+
 def _check_classes(classes):
     """``classes`` as a non-empty 1-D array of distinct labels."""
     classes = np.asarray(classes)
-    distinct = classes.ndim == 1 and np.unique(classes).size == classes.size
+    try:
+        distinct = classes.ndim == 1 and np.unique(classes).size == classes.size
+    except TypeError:  # labels that do not compare, e.g. strings and None
+        distinct = False
     if classes.size == 0 or not distinct:
         raise ValueError(
             f"classes must be a 1-D array of distinct labels, got {classes!r}"
@@ -564,11 +612,12 @@ class ReliabilityDisplay:
         ----------
         y_true : list of array-like of shape (T_n,), or array-like
             True labels of every sequence, or of all tokens as one flat
-            array of shape (n_tokens,).
+            array of shape (n_tokens,) (with stacked marginals only).
         marginals : list of ndarray of shape (T_n, n_classes), or ndarray
-            Per-token probabilities as ``predict_marginals`` returns them,
-            or stacked in one array of shape (n_tokens, n_classes); columns
-            in the order of ``classes``.
+            Per-token probabilities as ``predict_marginals`` returns them
+            (``y_true`` then per sequence too), or stacked in one array of
+            shape (n_tokens, n_classes) (``y_true`` per sequence or flat);
+            columns in the order of ``classes``.
         classes : array-like of shape (n_classes,)
             The label of every column of the marginals.
         n_bins : int, default=10
@@ -583,7 +632,11 @@ class ReliabilityDisplay:
         -------
         display : ReliabilityDisplay
         """
-        if not isinstance(n_bins, int | np.integer) or n_bins < 1:
+        if (
+            not isinstance(n_bins, int | np.integer)
+            or isinstance(n_bins, bool)
+            or n_bins < 1
+        ):
             raise ValueError(f"n_bins must be an integer >= 1, got {n_bins!r}")
         probs, outcomes = _flatten_marginals(y_true, marginals, classes)
         edges = np.linspace(0.0, 1.0, n_bins + 1)

@@ -107,6 +107,15 @@ def test_marginals_shape_checks():
         MarginalsDisplay(np.ones((3, 2)) / 2, ["a", "b"], y_true=["a", "z", "b"])
     with pytest.raises(ValueError, match="1-D array of distinct labels"):
         MarginalsDisplay(np.ones((3, 1)), "A")
+    # Were an IndexError, NumPy's 'inhomogeneous shape' and an empty map.
+    with pytest.raises(ValueError, match="y_true must be a 1-D sequence"):
+        MarginalsDisplay(np.array([[0.9, 0.1]]), ["A", "B"], y_true="A")
+    with pytest.raises(ValueError, match="marginals must be a rectangular array"):
+        MarginalsDisplay([[0.9, 0.1], [0.5]], ["A", "B"])
+    with pytest.raises(ValueError, match="marginals has no tokens"):
+        MarginalsDisplay(np.empty((0, 2)), ["A", "B"])
+    with pytest.raises(ValueError, match="1-D array of distinct labels"):
+        MarginalsDisplay(np.ones((2, 2)) / 2, ["a", None])  # was a TypeError
 
 
 def _hand_reliability(y_true, marginals, classes, n_bins):
@@ -199,6 +208,31 @@ def test_reliability_input_checks():
         ReliabilityDisplay.from_predictions([["Z", "a"]], [marginals[:2]], ["a", "b"])
     with pytest.raises(ValueError, match="distinct labels"):
         ReliabilityDisplay.from_predictions([[0, 1]], [marginals[:2]], [0, 0])
+    with pytest.raises(ValueError, match="n_bins must be an integer"):
+        ReliabilityDisplay.from_predictions([[0]], [np.ones((1, 1))], [0], n_bins=True)
+    # Per-sequence marginals with flat labels ('zero-dimensional arrays
+    # cannot be concatenated').
+    with pytest.raises(ValueError, match=r"y_true\[0\] must be the labels of "
+                       "sequence 0, got 'a'"):
+        ReliabilityDisplay.from_predictions(
+            ["a", "b"], [marginals[:1], marginals[1:2]], ["a", "b"]
+        )
+
+
+def test_reliability_of_stacked_marginals_takes_per_sequence_labels():
+    # One (n_tokens, n_classes) array with labels given per sequence, as
+    # predict returns them: the labels are concatenated (the message said
+    # "y_true has 4 tokens but marginals has 4"; ragged ones gave NumPy's
+    # 'inhomogeneous shape').
+    marginals = np.array([[0.8, 0.2], [0.3, 0.7], [0.9, 0.1], [0.4, 0.6]])
+    flat = ReliabilityDisplay.from_predictions(["a", "b", "a", "b"], marginals,
+                                               ["a", "b"])
+    for nested in ([["a", "b"], ["a", "b"]], [["a", "b", "a"], ["b"]]):
+        display = ReliabilityDisplay.from_predictions(nested, marginals, ["a", "b"])
+        assert display.ece == flat.ece
+    with pytest.raises(ValueError, match="y_true has 3 tokens but marginals has 4"):
+        ReliabilityDisplay.from_predictions([["a", "b"], ["a"]], marginals,
+                                            ["a", "b"])
 
 
 def test_missing_matplotlib_message(monkeypatch):
