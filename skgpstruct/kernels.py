@@ -811,7 +811,9 @@ class GroupedLinearKernel(Kernel):
         (like a classifier's ``y``). The groups are the distinct values,
         in increasing order (:attr:`group_ids`); an id no column has is not
         a group, so gaps (a template all of whose features were dropped)
-        cost nothing.
+        cost nothing. Read once per object: to change the groups, give a
+        new array (``set_params(groups=...)``), not the old one changed in
+        place.
     variance : float or array-like of shape (n_groups,), default=1.0
         Prior variance of the weights of each group, in the order of
         :attr:`group_ids`.
@@ -885,7 +887,19 @@ class GroupedLinearKernel(Kernel):
 
     def _group_positions(self):
         """``(group_ids, position)``: the distinct ids in increasing order, and
-        every column's group as a position in them."""
+        every column's group as a position in them.
+
+        Worked out once per ``groups`` object (a fit asks for them a dozen
+        times per ELBO evaluation); a copy of the kernel keeps them.
+        """
+        cached = self.__dict__.get("_positions")
+        if cached is not None and cached[0] is self.groups:
+            return cached[1], cached[2]
+        group_ids, position = self._compute_group_positions()
+        self._positions = (self.groups, group_ids, position)
+        return group_ids, position
+
+    def _compute_group_positions(self):
         groups = self._groups()
         largest = int(groups.max())
         if largest < groups.size:

@@ -783,6 +783,24 @@ def test_grouped_linear_group_ids_are_labels():
         GroupedLinearKernel([5, 9, 9, 5, 10**9, 0], variance=np.ones(10))(X)
 
 
+def test_grouped_linear_new_groups_are_read_again():
+    # The groups' positions are kept per groups object: set_params and
+    # clone_with_theta must not see stale ones.
+    from skgpstruct.kernels import GroupedLinearKernel
+
+    X = np.random.default_rng(4).normal(size=(3, 3))
+    kernel = GroupedLinearKernel([0, 1, 1], variance=[0.5, 2.0])
+    before = kernel(X)
+    kernel.set_params(groups=[1, 1, 0])
+    np.testing.assert_array_equal(
+        kernel(X), GroupedLinearKernel([1, 1, 0], variance=[0.5, 2.0])(X)
+    )
+    assert not np.allclose(kernel(X), before)
+    clone = kernel.clone_with_theta(kernel.theta)
+    np.testing.assert_array_equal(clone(X), kernel(X))
+    np.testing.assert_array_equal(pickle.loads(pickle.dumps(kernel))(X), kernel(X))
+
+
 def test_grouped_linear_repr_summarises_groups():
     from skgpstruct.kernels import GroupedLinearKernel
 
