@@ -16,6 +16,7 @@ from sklearn.utils.validation import check_is_fitted
 
 from . import chain
 from ._block_cache import reuse_blocks
+from ._checks import check_integer, is_integer, is_real
 from ._linalg import single_blas_thread
 from ._sequences import (
     check_sequence_features,
@@ -244,13 +245,7 @@ def _check_option(estimator, name):
 
 def _check_integer(estimator, name, low):
     """Raise unless the parameter ``name`` is an integer of at least ``low``."""
-    value = getattr(estimator, name)
-    if (
-        not isinstance(value, numbers.Integral)
-        or isinstance(value, bool)
-        or value < low
-    ):
-        raise ValueError(f"{name} must be an integer >= {low}, got {value!r}")
+    check_integer(getattr(estimator, name), name, low)
 
 
 def _check_flag(estimator, name):
@@ -642,8 +637,7 @@ GroupedLinearKernel`: automatic relevance determination per group).
         ):
             _check_integer(self, name, low)
         if self.ess_burn_in is not None and (
-            not isinstance(self.ess_burn_in, numbers.Integral)
-            or isinstance(self.ess_burn_in, bool)
+            not is_integer(self.ess_burn_in)
             or not 0 <= self.ess_burn_in < self.ess_n_iter
         ):
             raise ValueError(
@@ -661,20 +655,12 @@ GroupedLinearKernel`: automatic relevance determination per group).
             )
         for name in ("tol", "pairwise_prior_variance", "learning_rate"):
             value = getattr(self, name)
-            if (
-                not isinstance(value, numbers.Real)
-                or isinstance(value, bool)
-                or not 0 < value < np.inf
-            ):
+            if not is_real(value) or not 0 < value < np.inf:
                 raise ValueError(
                     f"{name} must be a positive finite number, got {value!r}"
                 )
         scale = self.hyperprior_scale
-        if scale is not None and (
-            not isinstance(scale, numbers.Real)
-            or isinstance(scale, bool)
-            or not 0 < scale < np.inf
-        ):
+        if scale is not None and (not is_real(scale) or not 0 < scale < np.inf):
             raise ValueError(
                 f"hyperprior_scale must be None or a positive finite number, "
                 f"got {scale!r}"
@@ -696,9 +682,7 @@ GroupedLinearKernel`: automatic relevance determination per group).
         rs = self.random_state
         if isinstance(rs, np.random.RandomState):
             return np.random.default_rng(rs.randint(2**31))
-        if rs is None or (
-            isinstance(rs, numbers.Integral) and not isinstance(rs, bool) and rs >= 0
-        ):
+        if rs is None or (is_integer(rs) and rs >= 0):
             return np.random.default_rng(rs)
         raise ValueError(
             "random_state must be None, a non-negative int or a RandomState, "

@@ -1,9 +1,9 @@
 """Synthetic sequence-labelling data."""
 
-import numbers
-
 import numpy as np
 import scipy.sparse as sp
+
+from ._checks import check_integer, is_integer, is_real
 
 __all__ = ["make_sequences"]
 
@@ -60,18 +60,12 @@ def make_sequences(
         ("n_classes", n_classes, 2),
         ("n_features", n_features, 1),
     ):
-        if (
-            not isinstance(value, numbers.Integral)
-            or isinstance(value, bool)
-            or value < low
-        ):
-            raise ValueError(f"{name} must be an integer >= {low}, got {value!r}")
+        check_integer(value, name, low)
     try:
         lo, hi = length_range
     except (TypeError, ValueError):
         lo = hi = None
-    if not (isinstance(lo, numbers.Integral) and isinstance(hi, numbers.Integral)
-            and 1 <= lo <= hi):
+    if not (is_integer(lo) and is_integer(hi) and 1 <= lo <= hi):
         raise ValueError(
             f"length_range must be two integers 1 <= low <= high, got {length_range!r}"
         )
@@ -79,11 +73,7 @@ def make_sequences(
         ("stickiness", stickiness, lambda v: 0 <= v < 1, "in [0, 1)"),
         ("noise", noise, lambda v: 0 <= v < np.inf, "a finite number >= 0"),
     ):
-        if (
-            not isinstance(value, numbers.Real)
-            or isinstance(value, bool)
-            or not valid(value)
-        ):
+        if not is_real(value) or not valid(value):
             raise ValueError(f"{name} must be {accepted}, got {value!r}")
     rng = np.random.default_rng(random_state)
     means = 1.5 * rng.standard_normal((n_classes, n_features))

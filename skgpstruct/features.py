@@ -26,6 +26,7 @@ from sklearn.feature_extraction import DictVectorizer
 from sklearn.utils._param_validation import HasMethods, Interval
 from sklearn.utils.validation import check_is_fitted
 
+from ._checks import check_integer
 from ._sequences import offsets_from_lengths, split_by_offsets
 from .io import _text_lines
 
@@ -389,6 +390,7 @@ class CRFppTemplateVectorizer(
 
     def _fit(self, X):
         self._validate_params()
+        check_integer(self.min_count, "min_count", 1)  # True passes the above
         unigrams, bigrams = _parse_template(self.template)
         X = _check_token_sequences(X)
         if len(X) == 0:

@@ -264,6 +264,14 @@ def _check_positive(value, name, *, allow_zero=False):
     return value
 
 
+def _has_bool(value):
+    """Whether an array-like hyperparameter holds a bool (NumPy turns
+    ``[True, 2.0]`` into ``[1.0, 2.0]``)."""
+    if isinstance(value, list | tuple):
+        return any(isinstance(v, bool | np.bool_) or _has_bool(v) for v in value)
+    return np.asarray(value).dtype == bool
+
+
 def _format_value(value):
     if isinstance(value, str):
         return repr(value)
@@ -403,6 +411,12 @@ class Kernel(abc.ABC):
                     f"valid parameters are {self._get_param_names()}"
                 )
             if delim:
+                if not hasattr(valid[name], "set_params"):
+                    raise ValueError(
+                        f"invalid parameter {key!r} for kernel "
+                        f"{type(self).__name__}: {name!r} is a value, not an "
+                        "object with parameters of its own"
+                    )
                 nested.setdefault(name, {})[sub_key] = value
             else:
                 setattr(self, name, value)
@@ -936,7 +950,7 @@ class GroupedLinearKernel(Kernel):
                 variance = None
             if (
                 variance is None
-                or np.asarray(self.variance).dtype == bool
+                or _has_bool(self.variance)
                 or variance.shape != (n_groups,)
                 or not np.all((variance > 0) & np.isfinite(variance))
             ):
@@ -1108,6 +1122,10 @@ class RBFKernel(Kernel):
         variance = _check_positive(self.variance, "variance")
         if not self.anisotropic:
             return variance, _check_positive(self.length_scale, "length_scale")
+        if _has_bool(self.length_scale):
+            raise ValueError(
+                f"length_scale must hold numbers, not bools, got {self.length_scale!r}"
+            )
         length_scale = np.asarray(self.length_scale, dtype=np.float64)
         if length_scale.ndim != 1 or length_scale.size == 0:
             raise ValueError(

@@ -89,6 +89,7 @@ import numbers
 import numpy as np
 from sklearn.metrics import make_scorer
 
+from ._checks import check_integer
 from ._sequences import check_sequence_labels
 
 __all__ = [
@@ -583,12 +584,7 @@ def classification_report(y_true, y_pred, *, scheme=None, digits=4,
     >>> classification_report(y_true, y_pred, output_dict=True)["NP"]["f1-score"]
     1.0
     """
-    if (
-        not isinstance(digits, numbers.Integral)
-        or isinstance(digits, bool)
-        or digits < 0
-    ):
-        raise ValueError(f"digits must be an integer >= 0, got {digits!r}")
+    check_integer(digits, "digits", 0)
     counts = _chunk_counts(y_true, y_pred, scheme)
     report = {}
     for type_ in sorted(counts):

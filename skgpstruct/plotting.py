@@ -25,6 +25,8 @@ drawn, so this module imports without it.
 
 import numpy as np
 
+from ._checks import check_integer
+
 __all__ = ["ELBOTraceDisplay", "MarginalsDisplay", "ReliabilityDisplay"]
 
 
@@ -632,12 +634,7 @@ class ReliabilityDisplay:
         -------
         display : ReliabilityDisplay
         """
-        if (
-            not isinstance(n_bins, int | np.integer)
-            or isinstance(n_bins, bool)
-            or n_bins < 1
-        ):
-            raise ValueError(f"n_bins must be an integer >= 1, got {n_bins!r}")
+        check_integer(n_bins, "n_bins", 1)
         probs, outcomes = _flatten_marginals(y_true, marginals, classes)
         edges = np.linspace(0.0, 1.0, n_bins + 1)
         # Same binning as sklearn.calibration.calibration_curve.

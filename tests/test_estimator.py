@@ -1340,6 +1340,7 @@ def test_collapse_when_every_feature_is_lone(monkeypatch):
         ({"n_classes": 1}, r"n_classes must be an integer >= 2"),
         ({"length_range": (5, 2)}, r"length_range must be two integers"),
         ({"length_range": 5}, r"length_range must be two integers"),
+        ({"length_range": (True, True)}, r"length_range must be two integers"),
         ({"stickiness": 1.0}, r"stickiness must be in \[0, 1\)"),
         ({"stickiness": None}, r"stickiness must be in \[0, 1\)"),
         ({"noise": np.nan}, r"noise must be a finite number >= 0"),

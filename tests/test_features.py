@@ -134,6 +134,8 @@ def test_min_count():
     )
     with pytest.raises(ValueError, match="'min_count' parameter"):
         CRFppTemplateVectorizer("U", min_count=0).fit(X)
+    with pytest.raises(ValueError, match="min_count must be an integer >= 1, got True"):
+        CRFppTemplateVectorizer("U", min_count=True).fit(X)  # was taken as 1
 
 
 def test_bigram_macros_warn_and_their_columns_are_checked():

@@ -842,7 +842,9 @@ def test_sklearn_compound_kernel_is_refused():
         check_kernel(CompoundKernel([RBF(), RBF()]), sparse=False)
 
 
-@pytest.mark.parametrize("variance", [[1.0, np.inf], [1.0, np.nan], [True, True], True])
+@pytest.mark.parametrize(
+    "variance", [[1.0, np.inf], [1.0, np.nan], [True, True], True, [True, 2.0]]
+)
 def test_grouped_variance_must_be_finite_and_numeric(variance):
     # An infinite variance gave NaN on dense rows and finite values on sparse.
     kernel = kernels_module.GroupedLinearKernel([0, 0, 1], variance=variance)
@@ -856,3 +858,19 @@ def test_theta_that_over_or_underflows_is_refused(kernel):
         kernel.clone_with_theta(np.array([1000.0, -1000.0]))
     with pytest.raises(ValueError, match=r"exp\(theta\) over- or underflows"):
         kernel.theta = np.array([800.0, 0.0])
+
+
+@pytest.mark.parametrize(
+    "length_scale", [[True, 2.0], np.array([True, False]), (1.0, True)]
+)
+def test_ard_length_scale_refuses_bools(length_scale):
+    # NumPy read [True, 2.0] as [1.0, 2.0]: a flag taken for a length scale.
+    with pytest.raises(ValueError, match="length_scale must hold numbers, not bools"):
+        RBFKernel(length_scale=length_scale)(np.ones((2, 2)))
+
+
+def test_nested_parameter_of_a_plain_value_is_refused():
+    # 'variance__foo' on a float variance was an AttributeError.
+    with pytest.raises(ValueError, match=r"invalid parameter 'variance__foo' for "
+                       r"kernel RBFKernel: 'variance' is a value"):
+        RBFKernel().set_params(variance__foo=1.0)
