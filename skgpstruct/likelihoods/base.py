@@ -14,19 +14,22 @@ import numpy as np
 __all__ = ["Likelihood"]
 
 
-def _checked(likelihood, what, value, shape):
-    """``value`` as a float array of ``shape``, or a ValueError that names the
-    likelihood (a subclass's own :meth:`Likelihood._log_prob` may return
-    anything)."""
+def _checked(likelihood, what, value, shape, where=""):
+    """``value`` as a real array of ``shape``, or a ValueError that names the
+    likelihood (a subclass's own :meth:`Likelihood._log_prob`, or a user's
+    function, may return anything). ``likelihood`` is the likelihood or the
+    name to report; ``where`` is added to the message (e.g. the sequence)."""
+    who = likelihood if isinstance(likelihood, str) else repr(likelihood)
     try:
         array = np.asarray(value)
     except (TypeError, ValueError) as exc:  # e.g. a ragged list
-        raise ValueError(f"{likelihood!r} returned a {what} that is not an array: "
-                         f"{exc}") from None
+        raise ValueError(
+            f"{who} returned a {what} that is not an array{where}: {exc}"
+        ) from None
     if array.dtype.kind not in "fiu" or array.shape != shape:
         raise ValueError(
-            f"{likelihood!r} returned a {what} of dtype {array.dtype} and shape "
-            f"{array.shape}; expected real numbers of shape {shape}"
+            f"{who} returned a {what} of dtype {array.dtype} and shape "
+            f"{array.shape}{where}; expected real numbers of shape {shape}"
         )
     return array
 

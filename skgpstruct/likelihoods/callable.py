@@ -3,7 +3,7 @@
 import numpy as np
 
 from .. import chain
-from .base import Likelihood
+from .base import Likelihood, _checked
 
 __all__ = ["CallableLikelihood"]
 
@@ -106,21 +106,10 @@ class CallableLikelihood(Likelihood):
 
     def _check_output(self, value, n, n_samples):
         name = self._name()
-        try:
-            value = np.asarray(value)
-        except (TypeError, ValueError) as exc:  # e.g. a ragged list
-            raise ValueError(
-                f"{name} returned an object that is not an array for sequence "
-                f"{n}: {exc}"
-            ) from None
-        if value.dtype.kind not in "fiu" or value.shape != (n_samples,):
-            raise ValueError(
-                f"{name} returned an array of dtype {value.dtype} and shape "
-                f"{value.shape} for sequence {n}; expected real numbers of "
-                f"shape (n_samples,) = ({n_samples},), one log-likelihood per "
-                "sample"
-            )
-        value = value.astype(np.float64, copy=False)
+        value = _checked(
+            name, "log-likelihood (one per sample)", value, (n_samples,),
+            where=f" for sequence {n}",
+        ).astype(np.float64, copy=False)
         bad = np.flatnonzero(~np.isfinite(value))
         if bad.size:
             raise ValueError(
