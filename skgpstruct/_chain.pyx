@@ -55,7 +55,8 @@ cdef inline void _normalise(double* x, Py_ssize_t n) noexcept nogil:
         total += x[i]
     total = 1.0 / total
     for i in range(n):
-        x[i] *= total
+        # a probability: never above 1, which rounding could give by an ulp
+        x[i] = min(x[i] * total, 1.0)
 
 
 cdef inline double _log_sum_exp(const double* x, Py_ssize_t n) noexcept nogil:
@@ -123,6 +124,10 @@ cdef double _forward_scaled(
         inv = 1.0 / c
         for j in range(V):
             a[j] *= inv
+        if t == T - 1:
+            # the last token's marginal: rounding could give 1 + ulp
+            for j in range(V):
+                a[j] = min(a[j], 1.0)
         log_z += umax + log(c)
     return log_z
 
@@ -172,7 +177,7 @@ cdef void _backward_scaled(
                     p_row[j] += ai * w[j]
         for i in range(V):
             b[i] = r[i] * inv_z
-            a[i] = a[i] * b[i]
+            a[i] = min(a[i] * b[i], 1.0)  # rounding could give 1 + ulp
 
 
 # --------------------------------------------------------------------------
@@ -224,9 +229,16 @@ cdef double _forward_log(
 cdef void _backward_log(
     const double* U, const double* P, Py_ssize_t V, Py_ssize_t T,
     double* alpha, double* pair, double* lb, double* w, double* lb_raw,
-    double* row_max, double* e_buf,
+    double* log_s, double* e_buf,
 ) noexcept nogil:
-    """Log-space counterpart of ``_backward_scaled``; ``pair`` gets xi itself."""
+    """Log-space counterpart of ``_backward_scaled``; ``pair`` gets xi itself.
+
+    Every exponent is formed as a difference that is <= 0 in floating point
+    (``w[i] - norm``, ``norm`` being the log-sum-exp of ``w``), never as a sum
+    of terms of the potentials' size: with potentials of 1e19 one rounding
+    of such a sum is 2048, and exp of it inf or 0 (NaN marginals).
+    ``log_s`` receives log(s_i), the log of row i's sum of exponentials.
+    """
     cdef Py_ssize_t t, i, j
     cdef double m, s, x, norm, f
     cdef const double* u_row
@@ -256,14 +268,15 @@ cdef void _backward_log(
             for j in range(V):
                 e_row[j] = exp(p_row[j] + w[j] - m)
                 s += e_row[j]
-            row_max[i] = m
-            lb_raw[i] = m + log(s)
+            log_s[i] = log(s)
+            lb_raw[i] = m + log_s[i]
         a = alpha + t * V
         for i in range(V):
             w[i] = a[i] + lb_raw[i]
         norm = _log_sum_exp(w, V)
         for i in range(V):
-            f = exp(a[i] + row_max[i] - norm)
+            # alpha_i exp(m_i) / Z = exp(w_i - norm - log s_i)
+            f = exp(w[i] - norm - log_s[i])
             if f != 0.0:
                 e_row = e_buf + i * V
                 out_row = pair + i * V
@@ -271,7 +284,7 @@ cdef void _backward_log(
                     out_row[j] += f * e_row[j]
         for i in range(V):
             lb[i] = lb_raw[i] - norm
-            a[i] = exp(a[i] + lb[i])
+            a[i] = exp(w[i] - norm)
         _normalise(a, V)
 
 

@@ -202,6 +202,45 @@ def test_long_sequence_with_large_potentials(unary_scale, pair_scale):
     assert scores[0] <= log_z[0, 0] * (1 + 1e-12)
 
 
+@pytest.mark.parametrize("scale", [1e17, 1e19, 1e21])
+def test_huge_potentials_give_the_best_path_as_marginals(scale):
+    # At 1e19 one rounding of a sum of potentials is 2048: the log-space
+    # backward pass took exp of such sums and 10 to 30 % of short chains had
+    # NaN marginals (and NaN gradients). The distribution is then a point
+    # mass on the best path (the next one is ~scale behind).
+    rng = np.random.default_rng(11)
+    for _ in range(60):
+        V, T = rng.integers(2, 5), rng.integers(2, 7)
+        unary = rng.uniform(-1, 1, (1, T, V)) * scale
+        pairwise = rng.uniform(-2, 2, (1, V, V)) * scale
+        offsets = np.array([0, T])
+        _, marginals, pair = chain.forward_backward(unary, pairwise, offsets)
+        best, _ = ref.viterbi(unary[0], pairwise[0], offsets)
+        np.testing.assert_array_equal(marginals[0], np.eye(V)[best])
+        expected_pair = np.zeros((V, V))
+        np.add.at(expected_pair, (best[:-1], best[1:]), 1.0)
+        np.testing.assert_array_equal(pair[0, 0], expected_pair)
+        _, grad_unary, grad_pairwise = chain.log_likelihood(
+            unary, pairwise, offsets, best, return_gradient=True
+        )
+        assert np.all(grad_unary == 0.0) and np.all(grad_pairwise == 0.0)
+
+
+def test_marginals_never_exceed_one():
+    # The scaled recursion's normalisation gave 1 + 1 ulp here.
+    unary = np.array([[[-5.1, 54.1, 64.9], [23.2, -30.5, -27.7], [-30.2, 47.6, -45.3]]])
+    pairwise = np.array([[[43.2, -1.6, 8.6], [75.6, -23.8, 83.1],
+                          [-70.5, -41.2, -78.9]]])
+    marginals = chain.forward_backward(unary, pairwise, np.array([0, 3]))[1]
+    assert marginals.max() <= 1.0
+    rng = np.random.default_rng(12)
+    unary = rng.uniform(-60, 60, (2, 100_000, 3))
+    pairwise = rng.uniform(-80, 80, (2, 3, 3))
+    pairwise[1] *= 10  # the log-space recursion
+    marginals = chain.forward_backward(unary, pairwise, np.array([0, 100_000]))[1]
+    assert 0.0 <= marginals.min() and marginals.max() <= 1.0
+
+
 def test_many_labels_and_sequences_match_reference():
     # V and layouts beyond the brute-force range, both recursions
     rng = np.random.default_rng(3)
