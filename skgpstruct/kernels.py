@@ -172,16 +172,30 @@ def _sq_distances(X, Y):
     Computed from inner products and row norms, clipped at zero; with
     ``Y=None`` the result is symmetric with an exactly zero diagonal.
     """
-    gram = _inner_products(X, Y)
-    norms_x = _row_sq_norms(X)
-    norms_y = norms_x if Y is None else _row_sq_norms(Y)
-    # Outer sum first: it is exactly symmetric when Y is None, and so is gram.
-    d2 = norms_x[:, None] + norms_y[None, :]
-    gram *= 2.0
-    d2 -= gram
+    # Overflow gives inf distances (k = 0) or, as inf - inf, NaN: the
+    # callers check for NaN (_checked_sq_distances).
+    with np.errstate(over="ignore", invalid="ignore"):
+        gram = _inner_products(X, Y)
+        norms_x = _row_sq_norms(X)
+        norms_y = norms_x if Y is None else _row_sq_norms(Y)
+        # Outer sum first: exactly symmetric when Y is None, and so is gram.
+        d2 = norms_x[:, None] + norms_y[None, :]
+        gram *= 2.0
+        d2 -= gram
     np.maximum(d2, 0.0, out=d2)
     if Y is None:
         np.fill_diagonal(d2, 0.0)
+    return d2
+
+
+def _checked_sq_distances(d2):
+    """``d2``, unless an overflow made some of it NaN (inf - inf)."""
+    if np.isnan(d2).any():
+        raise ValueError(
+            "the squared distances between the rows of X overflow (the "
+            "features are too large or too far apart for double precision); "
+            "scale the features down"
+        )
     return d2
 
 
@@ -262,6 +276,16 @@ def _check_positive(value, name, *, allow_zero=False):
         relation = ">= 0" if allow_zero else "> 0"
         raise ValueError(f"{name} must be finite and {relation}, got {value!r}")
     return value
+
+
+def _check_squarable(length_scale):
+    """Refuse length scales whose square over- or underflows (1 / ell^2 was
+    a ZeroDivisionError or an OverflowError)."""
+    if np.any(np.abs(np.log10(length_scale)) > 150):
+        raise ValueError(
+            "length_scale must be within [1e-150, 1e150] (its square must be a "
+            f"finite non-zero double), got {length_scale!r}"
+        )
 
 
 def _has_bool(value):
@@ -1086,7 +1110,12 @@ class RBFKernel(Kernel):
     (sparse) matrix product, clipped at 0. On sparse rows this is the only
     practical route; its rounding error is about ``1e-16 * ||x||^2``, which is
     negligible unless inputs lie far from the origin relative to
-    ``length_scale``.
+    ``length_scale``: standardise features with large offsets (e.g. with
+    :class:`sklearn.preprocessing.StandardScaler`), as for scikit-learn's
+    own distances. Centring them inside the kernel was tried and broke the
+    exact agreement between ``k(X, Y)`` and the rows of ``k(Y)`` that
+    conditionals at training points rely on. Distances that overflow
+    (``inf - inf``) are refused.
 
     Examples
     --------
@@ -1121,7 +1150,9 @@ class RBFKernel(Kernel):
     def _values(self):
         variance = _check_positive(self.variance, "variance")
         if not self.anisotropic:
-            return variance, _check_positive(self.length_scale, "length_scale")
+            length_scale = _check_positive(self.length_scale, "length_scale")
+            _check_squarable(length_scale)
+            return variance, length_scale
         if _has_bool(self.length_scale):
             raise ValueError(
                 f"length_scale must hold numbers, not bools, got {self.length_scale!r}"
@@ -1136,6 +1167,7 @@ class RBFKernel(Kernel):
             raise ValueError(
                 f"length_scale must be finite and > 0, got {self.length_scale!r}"
             )
+        _check_squarable(length_scale)
         return variance, length_scale
 
     def _hyperparameters(self):
@@ -1175,8 +1207,8 @@ class RBFKernel(Kernel):
         """``||x - y||^2 / ell^2`` (per-feature scaling under ARD)."""
         if self.anisotropic:
             Xs, Ys = self._scaled_inputs(X, Y, length_scale)
-            return _sq_distances(Xs, Ys)
-        d2 = _sq_distances(X, Y)
+            return _checked_sq_distances(_sq_distances(Xs, Ys))
+        d2 = _checked_sq_distances(_sq_distances(X, Y))
         d2 *= 1.0 / length_scale**2
         return d2
 

@@ -1,6 +1,7 @@
 """Tests of skgpstruct.kernels against independent NumPy / SciPy references."""
 
 import pickle
+import warnings
 
 import numpy as np
 import pytest
@@ -874,3 +875,20 @@ def test_nested_parameter_of_a_plain_value_is_refused():
     with pytest.raises(ValueError, match=r"invalid parameter 'variance__foo' for "
                        r"kernel RBFKernel: 'variance' is a value"):
         RBFKernel().set_params(variance__foo=1.0)
+
+
+def test_rbf_of_huge_values_is_refused():
+    # The squared distances overflowed to inf - inf: a NaN kernel matrix,
+    # with only a RuntimeWarning.
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with pytest.raises(ValueError, match="squared distances between the rows "
+                           "of X overflow"):
+            RBFKernel()(np.array([[1e160], [2e160]]))
+
+
+@pytest.mark.parametrize("length_scale", [1e-300, 1e300, [1.0, 1e-200]])
+def test_rbf_length_scale_whose_square_overflows_is_refused(length_scale):
+    # 1e-300 was a ZeroDivisionError, 1e300 an OverflowError.
+    with pytest.raises(ValueError, match=r"within \[1e-150, 1e150\]"):
+        RBFKernel(length_scale=length_scale)(np.ones((2, 2)))
