@@ -12,6 +12,8 @@
 - the Monte Carlo ELL against brute-force enumeration of labellings.
 """
 
+import warnings
+
 import _stacked_reference as stacked_reference
 import numpy as np
 import pytest
@@ -1468,3 +1470,15 @@ def test_nothing_to_collapse():
     collapsed = CollapsedFeatures.of(inactive)
     assert collapsed.n_inducing == 1 + 4 + 1
     assert CollapsedFeatures.of(sp.csr_matrix(inactive)).n_inducing == 6
+
+
+def test_kl_pairwise_at_a_zero_or_infinite_std_is_not_finite_without_warnings():
+    # A line search's trial step can make exp(log std) 0 or inf; the KL is
+    # then not finite (the trial is rejected), with no RuntimeWarning.
+    from skgpstruct.inference.posterior import kl_pairwise
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for std in (np.array([[0.0, 1.0]]), np.array([[np.inf, 1.0]])):
+            kl, _, _, _ = kl_pairwise(np.zeros((1, 2)), std, 1.0)
+            assert not np.isfinite(kl)

@@ -325,11 +325,15 @@ def kl_pairwise(mean, std, prior_variance):
     grad_log_prior_variance : float
         Gradient with respect to ``log(prior_variance)``.
     """
-    var = std**2
-    second_moment = (var + mean**2) / prior_variance
-    kl = 0.5 * np.sum(second_moment - 1.0 - np.log(var) + np.log(prior_variance))
-    grad_log_prior = 0.5 * np.sum(1.0 - second_moment)
-    return kl, mean / prior_variance, std / prior_variance - 1.0 / std, grad_log_prior
+    # A line search's trial step may make std = exp(log std) 0 or inf: the
+    # KL is then not finite, and the optimiser rejects the trial.
+    with np.errstate(divide="ignore", over="ignore", invalid="ignore"):
+        var = std**2
+        second_moment = (var + mean**2) / prior_variance
+        kl = 0.5 * np.sum(second_moment - 1.0 - np.log(var) + np.log(prior_variance))
+        grad_log_prior = 0.5 * np.sum(1.0 - second_moment)
+        grad_std = std / prior_variance - 1.0 / std
+    return kl, mean / prior_variance, grad_std, grad_log_prior
 
 
 def kl_unary_diagonal_packed(q_mu, q_sqrt, log_sqrt, out_mu, out_log_sqrt):

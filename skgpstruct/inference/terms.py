@@ -852,14 +852,17 @@ def _score(chunk, shared, projection, residual_sd, rng):
 
     # Pairwise posterior: its score and importance weight at the samples.
     std = params.pairwise_std
-    resid_pair = (pair0 - params.pairwise_mean[None]) / std[None]  # (S, V, V)
-    score_pair_mean = resid_pair / std
-    score_pair_std = (resid_pair**2 - 1.0) / std
-    log_w_pair = np.sum(
-        -0.5 * resid_pair**2 - np.log(std)[None]
-        + 0.5 * shared.pairwise_noise**2 + np.log(params0.pairwise_std)[None],
-        axis=(1, 2),
-    )  # (S,)
+    # A line search's trial step may make exp(log std) underflow to 0: the
+    # weights are then not finite, and L-BFGS rejects the trial (no warning).
+    with np.errstate(divide="ignore", over="ignore", invalid="ignore"):
+        resid_pair = (pair0 - params.pairwise_mean[None]) / std[None]  # (S, V, V)
+        score_pair_mean = resid_pair / std
+        score_pair_std = (resid_pair**2 - 1.0) / std
+        log_w_pair = np.sum(
+            -0.5 * resid_pair**2 - np.log(std)[None]
+            + 0.5 * shared.pairwise_noise**2 + np.log(params0.pairwise_std)[None],
+            axis=(1, 2),
+        )  # (S,)
 
     grad_mu, grad_sqrt = _zero_grads(params)
     grad_pair_mean = np.zeros((V, V))
