@@ -255,6 +255,24 @@ def _check_flag(estimator, name):
         raise ValueError(f"{name} must be True or False, got {value!r}")
 
 
+def _check_potentials(unary, pairwise, offsets, X_c, kind):
+    """Refuse, naming X, potentials the chain cannot take (not finite, or
+    paths beyond the chain's magnitude limit): X far off the training
+    data's scale."""
+    longest = int(np.max(np.diff(offsets), initial=0))
+    finite = np.all(np.isfinite(unary))
+    if not finite or (
+        (np.abs(unary).max(initial=0.0) + np.abs(pairwise).max(initial=0.0))
+        * (longest + 1) > chain._MAX_PATH_MAGNITUDE
+    ):
+        raise ValueError(
+            f"X's values are too large for the fitted model: its {kind} "
+            "potentials overflow (largest |x| in this part of X = "
+            f"{_largest_magnitude(X_c):.3g}); give features on the scale of "
+            "the training data"
+        )
+
+
 class GPStructClassifier(BaseEstimator):
     """Sequence labelling with a Gaussian-process CRF and variational inference.
 
@@ -1379,18 +1397,13 @@ GroupedLinearKernel`: automatic relevance determination per group).
         ]
         with np.errstate(over="ignore", invalid="ignore"):  # refused below
             unary = self._unary_samples(params, X_c, offsets, len(pairwise), rngs)
-        if not np.all(np.isfinite(unary)):
-            raise ValueError(
-                "X's values are too large for the fitted model: its sampled "
-                "potentials overflow (largest |x| in this part of X = "
-                f"{_largest_magnitude(X_c):.3g}); give features on the scale "
-                "of the training data"
-            )
+        _check_potentials(unary, pairwise, offsets, X_c, "sampled")
         marg = np.zeros((X_c.shape[0], V))
         for k in range(K):
             _, m_k, _ = chain.forward_backward(unary[k], pairwise, offsets)
             marg += params.weights[k] * m_k.mean(axis=0)
         marg /= marg.sum(axis=1, keepdims=True)
+        np.minimum(marg, 1.0, out=marg)  # the division can give 1 + ulp
         return split_by_offsets(marg, offsets)
 
     def _unary_samples(self, params, X_c, offsets, S, rngs):
@@ -1515,10 +1528,11 @@ GroupedLinearKernel`: automatic relevance determination per group).
                 for i in range(sl.start, sl.stop):
                     out[i] = self.classes_[:0]
                 continue
-            labels, _ = chain.viterbi(
-                self._mean_potentials(X_c),
-                self._decoding_pairwise(self.pairwise_mean_), offsets,
-            )
+            with np.errstate(over="ignore", invalid="ignore"):  # refused below
+                unary = self._mean_potentials(X_c)
+            pairwise = self._decoding_pairwise(self.pairwise_mean_)
+            _check_potentials(unary, pairwise, offsets, X_c, "mean")
+            labels, _ = chain.viterbi(unary, pairwise, offsets)
             for i, piece in zip(range(sl.start, sl.stop),
                                 split_by_offsets(labels, offsets), strict=True):
                 out[i] = self.classes_[piece]

@@ -1367,3 +1367,21 @@ def test_fit_says_why_the_elbo_is_not_finite_at_the_start(data):
             r"largest \|x\| = \d(\.\d+)?e\+100;",
         ):
             GPStructClassifier(**FAST).fit([1e100 * x for x in X], y)
+
+
+def test_prediction_of_features_far_off_the_training_scale_names_x(data):
+    # predict gave the chain's "unary and pairwise are too large" (arrays
+    # the user never saw); predict_marginals names X too.
+    X, y, _, _ = data
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ConvergenceWarning)
+        model = GPStructClassifier(**FAST).fit(X, y)
+    far = [1e300 * X[0]]
+    with pytest.raises(ValueError, match="X's values are too large for the fitted "
+                       r"model: its mean potentials overflow \(largest \|x\|"):
+        model.predict(far)
+    with pytest.raises(ValueError, match="its sampled potentials overflow"):
+        model.predict_marginals(far)
+    # Marginals are probabilities: normalising the average can give 1 + ulp.
+    marginals = np.concatenate(model.predict_marginals(X))
+    assert marginals.max() <= 1.0 and marginals.min() >= 0.0
