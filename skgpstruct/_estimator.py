@@ -255,6 +255,36 @@ def _check_flag(estimator, name):
         raise ValueError(f"{name} must be True or False, got {value!r}")
 
 
+#: A learned hyperparameter within this distance (log space) of a bound of
+#: its range is reported: the box saturates there and stops it.
+BOUND_WARNING_DISTANCE = 0.01
+
+
+def _warn_at_bounds(kernel):
+    """ConvergenceWarning (as scikit-learn's GP estimators give) for learned
+    kernel hyperparameters that ended at a bound of their range. Fits of the
+    benchmarks' data end 6 or more log units inside."""
+    theta, bounds = kernel.theta, kernel.bounds
+    names = getattr(kernel, "hyperparameter_names", None)
+    if names is None or len(names) != theta.size:
+        names = [f"theta[{i}]" for i in range(theta.size)]
+    at = []
+    for name, value, (low, high) in zip(names, theta, bounds, strict=True):
+        for bound, side in ((low, "lower"), (high, "upper")):
+            if abs(value - bound) < BOUND_WARNING_DISTANCE:
+                at.append(f"{name} = {np.exp(value):.3g} (its {side} bound)")
+    if at:
+        warnings.warn(
+            "learned kernel hyperparameters ended at a bound of their range: "
+            + ", ".join(at[:5]) + (" ..." if len(at) > 5 else "")
+            + ". The features may be on a scale the initial kernel does not "
+            "suit (standardise them, e.g. with StandardScaler), or the bounds "
+            "may need widening (give a kernel with other bounds)",
+            ConvergenceWarning,
+            stacklevel=3,
+        )
+
+
 def _check_potentials(unary, pairwise, offsets, X_c, kind):
     """Refuse, naming X, potentials the chain cannot take (not finite, or
     paths beyond the chain's magnitude limit): X far off the training
@@ -1017,6 +1047,8 @@ GroupedLinearKernel`: automatic relevance determination per group).
         self.inducing_ = inducing
         self.inducing_points_ = getattr(inducing, "Z", None)
         self.kernel_ = objective.kernel_at(theta)
+        if layout.n_theta:
+            _warn_at_bounds(self.kernel_)
         if fit_inducing is not inducing:  # every feature's marginal posterior
             params.q_mu, params.q_sqrt = fit_inducing.expand(
                 params.q_mu, params.q_sqrt, self.kernel_

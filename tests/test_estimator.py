@@ -1385,3 +1385,18 @@ def test_prediction_of_features_far_off_the_training_scale_names_x(data):
     # Marginals are probabilities: normalising the average can give 1 + ulp.
     marginals = np.concatenate(model.predict_marginals(X))
     assert marginals.max() <= 1.0 and marginals.min() >= 0.0
+
+
+def test_hyperparameters_that_end_at_a_bound_are_reported():
+    # Features 1e15 times too large drove the variance to its lower bound in
+    # silence (the predictions survive; a smaller scale would not).
+    from skgpstruct._estimator import _warn_at_bounds
+    from skgpstruct.kernels import LinearKernel
+
+    with pytest.warns(ConvergenceWarning, match=r"ended at a bound of their range: "
+                      r"variance = 1e-05 \(its lower bound\)"):
+        _warn_at_bounds(LinearKernel(variance=1e-5, bias=1.0))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        _warn_at_bounds(LinearKernel(variance=1e-3, bias=1.0))
+        _warn_at_bounds(LinearKernel(variance_bounds="fixed", bias_bounds="fixed"))
