@@ -483,6 +483,25 @@ def test_minimize_lbfgs_rounds_on_a_fixed_objective():
     assert len(rounds) > 1 and len(result.history) <= result.n_iter
 
 
+def test_minimize_lbfgs_rounds_returns_its_best_fresh_estimate():
+    # Round r's surrogate peaks at r + 1 but is 10 r lower everywhere: each
+    # round climbs its own surrogate while the fresh estimates at the round
+    # starts (-1, -11, -21, ...) fall. The run returned its last, worst
+    # point (a score fit of the pseudo-likelihood drifted from -976 to
+    # -2829); it returns the best round start, with that estimate.
+    def make(round_index, x_start):
+        def value_and_grad(x):
+            d = x - (round_index + 1)
+            return -float(d @ d) - 10.0 * round_index, -2.0 * d
+        return value_and_grad
+
+    result = minimize_lbfgs_rounds(make, np.zeros(1), round_size=5, max_iter=40,
+                                   tol=1e-12)
+    assert result.n_iter >= 10
+    np.testing.assert_array_equal(result.x, [0.0])
+    assert result.value == -1.0
+
+
 def test_the_best_point_of_a_failed_wolfe_search_is_taken(monkeypatch):
     # scipy's search evaluates a good point and gives up: that point, if it
     # decreases the objective enough, is the step (no further evaluation).

@@ -600,6 +600,13 @@ def minimize_lbfgs_rounds(
     at most ``round_size`` iterations, then the next round starts from its
     result.
 
+    A round's objective at its own start is a fresh estimate of the
+    objective there (its samples were drawn there), while its value at its
+    end was optimised on those samples. The point returned is the round
+    start (or the last round's end, estimated afresh by one more surrogate)
+    with the highest fresh estimate: a run whose rounds drift downwards
+    does not return its worst point.
+
     Parameters
     ----------
     make_value_and_grad : callable
@@ -625,9 +632,12 @@ def minimize_lbfgs_rounds(
         if callback is not None:
             callback(n_iter + iteration, value, x)
 
+    best_x, best_value = None, -np.inf
     while n_iter < max_iter:
         value_and_grad = make_value_and_grad(round_index, x)
         start_value = value_and_grad(x)[0]
+        if start_value > best_value or best_x is None:
+            best_x, best_value = x.copy(), start_value
         result = minimize_lbfgs(
             value_and_grad,
             x,
@@ -643,6 +653,11 @@ def minimize_lbfgs_rounds(
         if abs(value - start_value) <= tol * max(abs(value), abs(start_value), 1.0):
             converged = True
             break
+    if n_iter:
+        end_value = make_value_and_grad(round_index, x)(x)[0]
+        if end_value >= best_value or not np.isfinite(best_value):
+            best_x, best_value = x, end_value
+        x, value = best_x, best_value
     return OptimizationResult(
         x=x,
         value=value,
