@@ -320,7 +320,9 @@ class GPStructClassifier(BaseEstimator):
         Covariance of the unary latent functions, shared by all labels. A
         scikit-learn ``gaussian_process.kernels`` object is accepted for
         dense features. For ``"linear"`` the initial variance is set so that
-        the prior standard deviation of a training token's potential is 1.
+        the prior standard deviation of a training token's potential is 1
+        (with small features, a mean squared norm below 1, half of it on
+        the features and the variance's bounds moved with its start).
     n_inducing : int, default=500
         Number of inducing inputs, chosen among distinct training tokens
         (capped at their number).
@@ -1125,10 +1127,30 @@ GroupedLinearKernel`: automatic relevance determination per group).
                     f"|x| = {_largest_magnitude(X_all):.3g}); scale the features "
                     "down"
                 )
-            scale = 1.0 / (mean_sq + 1.0)
+            if mean_sq >= 1.0 or mean_sq == 0.0:
+                scale = 1.0 / (mean_sq + 1.0)
+                if self._groups is not None:
+                    return GroupedLinearKernel(
+                        self._groups, variance=scale, bias=scale
+                    )
+                return LinearKernel(variance=scale, bias=1.0)
+            # Features on a small scale: half the prior variance on them and
+            # half on the offset, as at mean_sq = 1 (where both rules agree),
+            # and the variance's range moved with its start. With the rule
+            # above the features would start with mean_sq / 2 of it (1e-8 at
+            # a scale of 1e-4) and the fit would learn to ignore them.
+            variance = 0.5 / mean_sq
+            bounds = (1e-5 / mean_sq, 1e5 / mean_sq)
             if self._groups is not None:
-                return GroupedLinearKernel(self._groups, variance=scale, bias=scale)
-            return LinearKernel(variance=scale, bias=1.0)
+                return GroupedLinearKernel(
+                    self._groups, variance=variance, bias=0.5,
+                    variance_bounds=bounds,
+                )
+            # (LinearKernel's offset variance is variance * bias.)
+            return LinearKernel(
+                variance=variance, bias=mean_sq, variance_bounds=bounds,
+                bias_bounds=(1e-5 * mean_sq, 1e5 * mean_sq),
+            )
         return check_kernel(self.kernel, sparse=is_sparse)
 
     def _fit_ess(self, X, y, X_all, offsets, classes, label_index, is_sparse, rng,

@@ -1400,3 +1400,26 @@ def test_hyperparameters_that_end_at_a_bound_are_reported():
         warnings.simplefilter("error")
         _warn_at_bounds(LinearKernel(variance=1e-3, bias=1.0))
         _warn_at_bounds(LinearKernel(variance_bounds="fixed", bias_bounds="fixed"))
+
+
+def test_linear_fit_of_small_features_does_not_depend_on_their_scale():
+    # Features 1e-4 times smaller gave a fit that predicts one label (the
+    # kernel started with ~1e-8 of its prior variance on them, its bounds
+    # absolute). Below a mean squared norm of 1 the start and the bounds
+    # now move with the scale: the fit is the same model at any scale.
+    X, y = make_sequences(n_sequences=20, random_state=0)
+    models = {}
+    for scale in (1e-2, 1e-6):
+        Xs = [x * scale for x in X]
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", ConvergenceWarning)
+            models[scale] = GPStructClassifier(random_state=0).fit(Xs, y)
+        assert models[scale].score(Xs, y) > 0.95
+    small, smaller = models[1e-2], models[1e-6]
+    np.testing.assert_allclose(small.kernel_.variance * 1e-4,
+                               smaller.kernel_.variance * 1e-12, rtol=1e-5)
+    predicted = [
+        model.predict([x * scale for x in X[:5]]) for scale, model in models.items()
+    ]
+    for a, b in zip(*predicted, strict=True):
+        np.testing.assert_array_equal(a, b)
