@@ -264,12 +264,10 @@ def _warn_at_bounds(kernel):
     """ConvergenceWarning (as scikit-learn's GP estimators give) for learned
     kernel hyperparameters that ended at a bound of their range. Fits of the
     benchmarks' data end 6 or more log units inside."""
-    theta, bounds = kernel.theta, kernel.bounds
-    names = getattr(kernel, "hyperparameter_names", None)
-    if names is None or len(names) != theta.size:
-        names = [f"theta[{i}]" for i in range(theta.size)]
     at = []
-    for name, value, (low, high) in zip(names, theta, bounds, strict=True):
+    for name, value, (low, high) in zip(
+        kernel.hyperparameter_names, kernel.theta, kernel.bounds, strict=True
+    ):
         for bound, side in ((low, "lower"), (high, "upper")):
             if abs(value - bound) < BOUND_WARNING_DISTANCE:
                 at.append(f"{name} = {np.exp(value):.3g} (its {side} bound)")
@@ -289,11 +287,12 @@ def _check_potentials(unary, pairwise, offsets, X_c, kind):
     """Refuse, naming X, potentials the chain cannot take (not finite, or
     paths beyond the chain's magnitude limit): X far off the training
     data's scale."""
-    longest = int(np.max(np.diff(offsets), initial=0))
-    finite = np.all(np.isfinite(unary))
-    if not finite or (
-        (np.abs(unary).max(initial=0.0) + np.abs(pairwise).max(initial=0.0))
-        * (longest + 1) > chain._MAX_PATH_MAGNITUDE
+    # One pass: the largest magnitude is NaN or inf if any value is.
+    unary_magnitude = np.abs(unary).max(initial=0.0)
+    pairwise_magnitude = np.abs(pairwise).max(initial=0.0)
+    if not (
+        np.isfinite(unary_magnitude)
+        and chain._fits_path_limit(unary_magnitude, pairwise_magnitude, offsets)
     ):
         raise ValueError(
             f"X's values are too large for the fitted model: its {kind} "

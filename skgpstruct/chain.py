@@ -24,6 +24,15 @@ __all__ = ["forward_backward", "viterbi", "log_likelihood"]
 _MAX_PATH_MAGNITUDE = 1e300
 
 
+def _fits_path_limit(unary_magnitude, pairwise_magnitude, offsets):
+    """Whether path scores of potentials of these largest magnitudes stay
+    within ``_MAX_PATH_MAGNITUDE`` on the longest sequence of ``offsets``."""
+    longest = int(np.max(np.diff(offsets), initial=0))
+    return (unary_magnitude + pairwise_magnitude) * (longest + 1) <= (
+        _MAX_PATH_MAGNITUDE
+    )
+
+
 def _as_float_array(x, name, ndim, shape_doc):
     x = np.asarray(x)
     if x.dtype.kind not in "fiu":
@@ -90,8 +99,7 @@ def _check_chain(unary, pairwise, offsets, *, with_samples):
             f"{unary.shape}, got {pairwise.shape}"
         )
     offsets = _check_offsets(offsets, n_tokens)
-    longest = int(np.max(np.diff(offsets), initial=0))
-    if (u_mag + p_mag) * (longest + 1) > _MAX_PATH_MAGNITUDE:
+    if not _fits_path_limit(u_mag, p_mag, offsets):
         raise ValueError(
             "unary and pairwise are too large in magnitude: a path score "
             "would overflow float64"

@@ -438,13 +438,12 @@ def _check_output_path(path, what):
 
 def _write_text(text, path, encoding):
     """Write ``text`` encoded with ``encoding`` to ``path`` or standard output."""
+    from .io import _encode
+
     try:
-        data = text.encode(encoding)
-    except UnicodeEncodeError as exc:
-        raise CommandError(
-            f"cannot encode the output with encoding {encoding!r}: {exc.reason} "
-            f"({exc.object[exc.start:exc.end]!r}); choose another with --encoding"
-        ) from None
+        data = _encode(text, encoding)
+    except ValueError as exc:
+        raise CommandError(f"{exc} (with --encoding)") from None
     if path is None or path == "-":
         sys.stdout.flush()
         buffer = getattr(sys.stdout, "buffer", None)

@@ -446,9 +446,10 @@ class CRFppTemplateVectorizer(
         """
         check_is_fitted(self, "vocabulary_")
         X = _check_token_sequences(X)
+        lines = self._unigrams + getattr(self, "_bigrams", [])
         out = []
         for i, seq in enumerate(X):
-            _check_columns(self._unigrams + getattr(self, "_bigrams", []), seq, i)
+            _check_columns(lines, seq, i)
             out.append(self._to_matrix(_expand(self._unigrams, seq), len(seq)))
         return FeatureSequences(out, feature_groups=self.feature_groups_)
 

@@ -571,3 +571,15 @@ def test_evaluate_needs_a_gold_column(fold, trained, tmp_path):
     assert result.returncode == 2
     assert result.stderr.startswith("skgpstruct: error: ")
     assert "no gold label column" in result.stderr
+
+
+def test_output_that_its_encoding_cannot_hold_is_a_command_error(tmp_path):
+    # The same check as write_conll's (skgpstruct.io), before the file opens.
+    from skgpstruct.cli import CommandError, _write_text
+
+    path = tmp_path / "out.data"
+    path.write_text("KEPT\n", encoding="utf-8")
+    with pytest.raises(CommandError, match=r"cannot encode '日本' \(line 2 of the "
+                       r"output\) with encoding='latin-1'.*\(with --encoding\)"):
+        _write_text("a O\n日本 O\n", str(path), "latin-1")
+    assert path.read_text(encoding="utf-8") == "KEPT\n"

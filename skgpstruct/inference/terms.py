@@ -162,12 +162,13 @@ class ReferencePosterior:
     inducing_state: object
 
 
-def _chunk_rng(chunk, iteration_key):
-    """The generator of a chunk's Monte Carlo base samples at one iteration."""
+def _chunk_rng(chunk, iteration_key, *stream):
+    """The generator of a chunk's Monte Carlo base samples at one iteration
+    (``stream``: another, independent one of the same iteration)."""
     return np.random.default_rng(
         np.random.SeedSequence(
             entropy=chunk.seed.entropy,
-            spawn_key=(*chunk.seed.spawn_key, iteration_key),
+            spawn_key=(*chunk.seed.spawn_key, iteration_key, *stream),
         )
     )
 
@@ -181,11 +182,8 @@ def _fresh_pairwise_noise(chunk, shared):
     so that SAGA averages over the transitions' posterior instead of
     fitting them to ``S`` fixed draws.
     """
-    seed = np.random.SeedSequence(
-        entropy=chunk.seed.entropy,
-        spawn_key=(*chunk.seed.spawn_key, shared.iteration_key, 1),
-    )
-    return np.random.default_rng(seed).standard_normal(shared.pairwise_noise.shape)
+    rng = _chunk_rng(chunk, shared.iteration_key, 1)
+    return rng.standard_normal(shared.pairwise_noise.shape)
 
 
 def chunk_terms(chunk, shared, local=False):
