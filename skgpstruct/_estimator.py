@@ -56,6 +56,12 @@ CHUNK_TOKENS = 2000
 #: Most bytes of random numbers ``predict_marginals`` draws at once: a chunk
 #: whose stacked samples need more is sampled in halves.
 PREDICT_NOISE_BYTES = 32 * 2**20
+#: Most bytes of sampled potentials (mixture components x samples x tokens x
+#: labels doubles) ``predict_marginals`` holds at once in a thread
+#: (forward-backward keeps a few arrays of that size beside them): a chunk's
+#: sequences are sampled in runs within it, and a sequence whose samples
+#: alone exceed it in blocks of its samples, sized by its length alone.
+PREDICT_SAMPLE_BYTES = 64 * 2**20
 # L-BFGS iterations per round of the score estimator (samples are redrawn
 # from the current posterior between rounds).
 SCORE_ROUND_SIZE = 10
@@ -300,6 +306,34 @@ def _check_potentials(unary, pairwise, offsets, X_c, kind):
             f"{_largest_magnitude(X_c):.3g}); give features on the scale of "
             "the training data"
         )
+
+
+def _sample_blocks(lengths, K, S, V):
+    """How :meth:`GPStructClassifier.predict_marginals` samples a chunk.
+
+    Yields ``(n0, n1, block)``: sequences ``n0:n1`` are sampled together,
+    ``block`` of the ``S`` samples at a time. Consecutive sequences are
+    sampled together, all samples at once, while their samples of the
+    potentials take at most ``PREDICT_SAMPLE_BYTES``. A sequence whose
+    samples alone take more is sampled on its own, in blocks sized by its
+    length alone, so that its random numbers (drawn block after block from
+    its own generator) do not depend on the rest of the chunk.
+    """
+    run_bytes = 8 * K * V * S * np.asarray(lengths, dtype=np.int64)
+    n0, held = 0, 0
+    for n, size in enumerate(run_bytes):
+        if held + size <= PREDICT_SAMPLE_BYTES:
+            held += size
+            continue
+        if n > n0:
+            yield n0, n, S
+        if size > PREDICT_SAMPLE_BYTES:
+            yield n, n + 1, int(max(1, PREDICT_SAMPLE_BYTES * S // size))
+            n0, held = n + 1, 0
+        else:
+            n0, held = n, size
+    if len(run_bytes) > n0:
+        yield n0, len(run_bytes), S
 
 
 class GPStructClassifier(BaseEstimator):
@@ -1395,7 +1429,9 @@ GroupedLinearKernel`: automatic relevance determination per group).
         unary potentials (``n_predict_samples`` per mixture component,
         weighted by the mixture weights), with the pairwise potentials at
         their posterior mean or, with ``pairwise_uncertainty=True``, drawn
-        from their posterior too.
+        from their posterior too. A sequence whose samples would take more
+        than 64 MiB is sampled and decoded a block of samples at a time,
+        so that memory grows with its length alone.
 
         Parameters
         ----------
@@ -1448,13 +1484,29 @@ GroupedLinearKernel`: automatic relevance determination per group).
             np.random.default_rng([self._predict_seed, _sequence_fingerprint(x)])
             for x in sequences
         ]
-        with np.errstate(over="ignore", invalid="ignore"):  # refused below
-            unary = self._unary_samples(params, X_c, offsets, len(pairwise), rngs)
-        _check_potentials(unary, pairwise, offsets, X_c, "sampled")
+        S = len(pairwise)
         marg = np.zeros((X_c.shape[0], V))
-        for k in range(K):
-            _, m_k, _ = chain.forward_backward(unary[k], pairwise, offsets)
-            marg += params.weights[k] * m_k.mean(axis=0)
+        # Runs of sequences sampled together: a long one alone, in blocks.
+        for n0, n1, block in _sample_blocks(np.diff(offsets), K, S, V):
+            t0, t1 = offsets[n0], offsets[n1]
+            if t1 == t0:  # zero-length sequences: no token to sample
+                continue
+            part_offsets = offsets[n0 : n1 + 1] - t0
+            for s0 in range(0, S, block):
+                s1 = min(S, s0 + block)
+                with np.errstate(over="ignore", invalid="ignore"):  # refused below
+                    unary = self._unary_samples(
+                        params, X_c[t0:t1], part_offsets, s1 - s0, rngs[n0:n1]
+                    )
+                _check_potentials(
+                    unary, pairwise[s0:s1], part_offsets, X_c[t0:t1], "sampled"
+                )
+                for k in range(K):
+                    _, m_k, _ = chain.forward_backward(
+                        unary[k], pairwise[s0:s1], part_offsets
+                    )
+                    marg[t0:t1] += params.weights[k] * (m_k.sum(axis=0) / S)
+                del unary, m_k
         marg /= marg.sum(axis=1, keepdims=True)
         np.minimum(marg, 1.0, out=marg)  # the division can give 1 + ulp
         return split_by_offsets(marg, offsets)

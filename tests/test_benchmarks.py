@@ -64,6 +64,7 @@ bench_section2 = _module_fixture("bench_section2")
 bench_prior_draws = _module_fixture("bench_prior_draws")
 bench_predict = _module_fixture("bench_predict")
 bench_saga_noise = _module_fixture("bench_saga_noise")
+bench_long_sequence = _module_fixture("bench_long_sequence")
 
 
 def test_bench_ess_hyperparameters_fixed_or_learned(bench_ess):
@@ -678,3 +679,27 @@ def test_write_json_makes_the_folder_of_a_documented_out_path(common, tmp_path):
     assert json.loads(path.read_text(encoding="utf-8")) == {
         "error": 0.25, "folds": [1, 2]
     }
+
+
+def test_bench_long_sequence_measures_both_gp_ways(bench_long_sequence, monkeypatch):
+    # In-process on a small sequence: the script's "at once" raises the
+    # estimator's budget, restored here by monkeypatch; both ways give
+    # marginals that sum to one (checked inside) and a time and a memory.
+    import skgpstruct._estimator as estimator_module
+
+    monkeypatch.setattr(
+        estimator_module, "PREDICT_SAMPLE_BYTES", estimator_module.PREDICT_SAMPLE_BYTES
+    )
+    X, y, long_x = bench_long_sequence._data(300, 4)
+    assert long_x.shape[0] == 300 and len(X) == bench_long_sequence.N_TRAIN
+    assert {v for seq in y for v in seq} == {0, 1, 2, 3}
+    for model in ("gp-blocks", "gp-at-once"):
+        result = bench_long_sequence.measure(
+            {"tokens": 300, "labels": 4, "model": model}
+        )
+        assert result["seconds"] > 0 and result["peak_increment_mib"] >= 0
+    assert estimator_module.PREDICT_SAMPLE_BYTES == float("inf")
+    assert bench_long_sequence._cell(None) == "not run"
+    assert bench_long_sequence._cell(
+        {"seconds": 1.234, "peak_increment_mib": 56.7}
+    ) == "1.23 / 57"

@@ -651,6 +651,104 @@ def test_predict_marginals_in_halves_under_a_noise_budget(data, fitted, monkeypa
         np.testing.assert_allclose(b, a, rtol=0, atol=1e-12)
 
 
+def test_sample_blocks_cover_every_sequence_once(monkeypatch):
+    # Runs in order, every sequence in exactly one; a sequence whose samples
+    # exceed the budget alone, in blocks sized by its length alone
+    # (budget 4,800 bytes: 480 bytes per token with K=2, S=10, V=3).
+    monkeypatch.setattr(estimator_module, "PREDICT_SAMPLE_BYTES", 8 * 2 * 3 * 100)
+    lengths = [5, 0, 40, 7, 300, 2, 2000]
+    runs = list(estimator_module._sample_blocks(lengths, 2, 10, 3))
+    assert runs == [(0, 2, 10), (2, 3, 2), (3, 4, 10), (4, 5, 1), (5, 6, 10),
+                    (6, 7, 1)]
+    assert list(estimator_module._sample_blocks([40, 40], 2, 10, 3)) == [
+        (0, 1, 2), (1, 2, 2)
+    ]
+    # Short sequences share a run while their samples fit the budget.
+    assert list(estimator_module._sample_blocks([4, 4, 4, 6, 6], 2, 10, 3)) == [
+        (0, 2, 10), (2, 4, 10), (4, 5, 10)
+    ]
+    assert list(estimator_module._sample_blocks([10, 0, 0], 2, 10, 3)) == [
+        (0, 3, 10)
+    ]
+    assert list(estimator_module._sample_blocks([], 2, 10, 3)) == []
+
+
+def test_predict_marginals_of_long_sequences_in_blocks_of_samples(
+    data, fitted, monkeypatch
+):
+    # A sequence whose samples exceed PREDICT_SAMPLE_BYTES is sampled and
+    # decoded a block of samples at a time. Its marginals average all the
+    # blocks: with 2,000 samples in blocks of at most 7 they agree with
+    # 4,000 samples drawn at once to Monte Carlo error (a marginal's
+    # standard error is at most 0.5 * sqrt(1/2000 + 1/4000) = 0.014; 7
+    # samples alone miss by 0.04 here).
+    _, _, X_test, _ = data
+    X = list(X_test[:3])
+    reference = copy.deepcopy(fitted).set_params(n_predict_samples=4000)
+    reference = reference.predict_marginals(X)
+    model = copy.deepcopy(fitted).set_params(n_predict_samples=2000)
+    V = len(model.classes_)
+    budget = 8 * V * min(len(x) for x in X) * 7
+    monkeypatch.setattr(estimator_module, "PREDICT_SAMPLE_BYTES", budget)
+    blocks = []
+    original = GPStructClassifier._unary_samples
+
+    def counted(self, params, X_c, offsets, S, rngs):
+        blocks.append((len(offsets) - 1, S))
+        return original(self, params, X_c, offsets, S, rngs)
+
+    monkeypatch.setattr(GPStructClassifier, "_unary_samples", counted)
+    blocked = model.predict_marginals(X)
+    assert {n for n, _ in blocks} == {1} and max(S for _, S in blocks) <= 7
+    assert sum(S for _, S in blocks) == 3 * 2000
+    for b, r in zip(blocked, reference, strict=True):
+        np.testing.assert_allclose(b.sum(axis=1), 1.0)
+        assert np.abs(b - r).max() < 0.02
+    # A long sequence's draws are its own: the same marginals amid short
+    # and empty sequences, in threads.
+    monkeypatch.setattr(GPStructClassifier, "_unary_samples", original)
+    monkeypatch.setattr(
+        estimator_module, "PREDICT_SAMPLE_BYTES", 8 * V * len(X[2]) * 2000 - 1
+    )
+    alone = model.predict_marginals([X[2]])[0]
+    mixed = copy.deepcopy(model).set_params(n_jobs=2).predict_marginals(
+        [X[0], X[2], X[1][:0], X[1]]
+    )
+    np.testing.assert_array_equal(mixed[1], alone)
+    assert mixed[2].shape == (0, V)
+    np.testing.assert_array_equal(mixed[0], model.predict_marginals([X[0]])[0])
+
+
+def test_predict_marginals_memory_is_bounded_on_a_long_sequence(monkeypatch):
+    # Drawn at once, 32 samples of a 20,000-token sequence's potentials over
+    # 10 labels take 51 MB (K x S x T x V doubles), and forward-backward
+    # holds more of that size. Under a 1 MiB budget for the samples the
+    # whole call stays below that one array (the rest is the sequence's
+    # features and its projection, which do not grow with the samples).
+    import tracemalloc
+
+    X, y = make_sequences(
+        n_sequences=30, n_classes=10, n_features=4, length_range=(5, 10),
+        random_state=0,
+    )
+    model = GPStructClassifier(n_inducing=10, max_iter=5, random_state=0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ConvergenceWarning)
+        model.fit(X, y)
+    long_x = np.tile(np.concatenate(X), (100, 1))[:20000]
+    samples_bytes = 8 * 32 * long_x.shape[0] * 10
+    monkeypatch.setattr(estimator_module, "PREDICT_SAMPLE_BYTES", 2**20)
+    tracemalloc.start()
+    try:
+        marginals = model.predict_marginals([long_x])[0]
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert marginals.shape == (20000, 10)
+    np.testing.assert_allclose(marginals.sum(axis=1), 1.0)
+    assert peak < samples_bytes / 2, (peak, samples_bytes)
+
+
 def test_predict_marginals_do_not_depend_on_n_jobs(data, fitted, monkeypatch):
     # With n_jobs, predict_marginals samples its chunks in threads; every
     # sequence's draws are its own, so the marginals are bit-identical.
