@@ -145,8 +145,9 @@ def dev_pool(data_dir, name):
 
 
 def _mean_unaries(model, X):
-    """The model's posterior mean unaries of the stacked ``X``, and offsets."""
-    X_c, offsets = stack_sequences(X)
+    """The model's posterior mean unaries of the stacked ``X``, and offsets
+    (``X`` checked, and centred if the model centres, as ``predict`` does)."""
+    X_c, offsets = stack_sequences(model._check_predict_input(X))
     return model._mean_potentials(X_c), offsets
 
 
@@ -229,9 +230,21 @@ def splits(name, data_dir):
         yield X_train, y_train, X_test, y_test, names
 
 
+def _check_features_as_given(model):
+    """Refuse a model fitted on centred features: a refit at its learned
+    kernel (an object, used on the features as given) would not be the
+    same model. The dev splits' CRF++ features are sparse, never centred."""
+    if getattr(model, "feature_mean_", None) is not None:
+        raise ValueError(
+            "the model centred its dense features (feature_mean_); refits at "
+            "its learned kernel are for sparse features only"
+        )
+
+
 def frozen_refit(model, scale, X, y):
     """``model`` refitted with its kernel frozen at ``scale`` times the prior
     variances it learned (bias and pairwise prior variance as learned)."""
+    _check_features_as_given(model)
     kernel = copy.deepcopy(model.kernel_)
     kernel.set_params(variance=scale * np.asarray(kernel.variance))
     refit = GPStructClassifier(**{
@@ -258,6 +271,7 @@ def ess_at_learned(model, n_iter, X, y):
     """The exact posterior of ``model``'s GP, sampled by ESS (``n_iter``
     iterations, the exact chain likelihood) at the kernel and the pairwise
     prior variance ``model`` learned; same ``random_state``."""
+    _check_features_as_given(model)
     return GPStructClassifier(
         inference="ess", likelihood="crf", ess_n_iter=n_iter,
         learn_hyperparameters=False, kernel=copy.deepcopy(model.kernel_),

@@ -355,7 +355,10 @@ class GPStructClassifier(BaseEstimator):
         dense features. For ``"linear"`` the initial variance is set so that
         the prior standard deviation of a training token's potential is 1
         (with small features, a mean squared norm below 1, half of it on
-        the features and the variance's bounds moved with its start).
+        the features and the variance's bounds moved with its start), and
+        dense features are centred on their training mean
+        (``feature_mean_``). A kernel object is used as given, on the
+        features as given.
     n_inducing : int, default=500
         Number of inducing inputs, chosen among distinct training tokens
         (capped at their number).
@@ -558,11 +561,22 @@ GroupedLinearKernel`: automatic relevance determination per group).
     classes_ : ndarray of shape (n_classes,)
         Labels seen in ``fit``, sorted; columns of :meth:`predict_marginals`.
     n_features_in_ : int
+    feature_mean_ : ndarray of shape (n_features,) or None
+        The training tokens' mean, subtracted from dense features before the
+        kernel when ``kernel="linear"`` (by name); None otherwise (sparse
+        features, other kernels: features used as given). A shared offset
+        in the features would otherwise tie every weight to the offset,
+        which the diagonal posterior cannot express: on features moved by
+        10 the fit learned to ignore them and predicted one label. Centred,
+        the model has the same linear functions, the offset's prior on the
+        mean token; ``kernel_``, ``inducing_points_`` and the posterior are
+        in these coordinates.
     inducing_ : InducingPoints or InducingFeatures
         The inducing variables: inducing inputs among the training tokens,
         or (linear kernel, ``inducing="features"``) the feature weights.
     inducing_points_ : ndarray or CSR matrix of shape (M, n_features) or None
-        The inducing inputs; None with inducing features.
+        The inducing inputs (training tokens, minus ``feature_mean_`` when
+        it is not None); None with inducing features.
     kernel_ : Kernel
         The kernel with its learned hyperparameters.
     q_mu_ : ndarray of shape (K, n_classes, M)
@@ -879,15 +893,23 @@ GroupedLinearKernel`: automatic relevance determination per group).
                 "feature extractor may have kept none, e.g. with a high min_count)"
             )
         self._groups = self._check_feature_groups(X, n_features)
+        feature_mean = self._feature_mean(X_all, is_sparse, partial)
+        if feature_mean is not None:
+            if is_sparse:  # continuing a fit on centred dense features
+                X_all, is_sparse = X_all.toarray(), False
+            X_all = X_all - feature_mean
+            sequences = split_by_offsets(X_all, offsets)
         rng = self._rng()
         if self.inference == "ess":
             if partial:
                 raise ValueError("partial_fit is not available with inference='ess'")
             with reuse_blocks():
-                return self._fit_ess(
+                self._fit_ess(
                     X, y, X_all, offsets, classes, label_index, is_sparse, rng,
                     likelihood,
                 )
+            self.feature_mean_ = feature_mean
+            return self
 
         warm = (self.warm_start or partial) and hasattr(self, "q_mu_")
         if warm:
@@ -1079,6 +1101,7 @@ GroupedLinearKernel`: automatic relevance determination per group).
         params, theta = layout.unpack(result.x)
         self.classes_ = classes
         self.n_features_in_ = n_features
+        self.feature_mean_ = feature_mean
         self.inducing_ = inducing
         self.inducing_points_ = getattr(inducing, "Z", None)
         self.kernel_ = objective.kernel_at(theta)
@@ -1144,6 +1167,29 @@ GroupedLinearKernel`: automatic relevance determination per group).
                 f"{groups.dtype}"
             )
         return groups.astype(np.int64)
+
+    def _feature_mean(self, X_all, is_sparse, partial):
+        """The training mean subtracted from the features before the kernel,
+        or None (features as given).
+
+        Dense features under ``kernel="linear"`` are centred: an offset shared
+        by the features (positive measurements, ``x + 10``) correlates every
+        weight with the offset, which the diagonal posterior cannot express,
+        and the fit learned to ignore the features (one label predicted).
+        Centred, the same linear functions with the offset's prior on the
+        mean token. A continued fit (``warm_start``, ``partial_fit``) keeps
+        the coordinates of the fit it continues.
+        """
+        if (self.warm_start or partial) and hasattr(self, "q_mu_"):
+            mean = getattr(self, "feature_mean_", None)
+            # Other features are refused with the other changes below.
+            return mean if mean is not None and mean.size == X_all.shape[1] else None
+        if is_sparse or not (isinstance(self.kernel, str) and self.kernel == "linear"):
+            return None
+        with np.errstate(over="ignore", invalid="ignore"):
+            mean = X_all.mean(axis=0)
+        # An overflowing mean is left to the kernel's check of the squares.
+        return mean if np.all(np.isfinite(mean)) else None
 
     def _initial_kernel(self, X_all, is_sparse):
         if isinstance(self.kernel, str) and self.kernel == "linear":
@@ -1403,6 +1449,12 @@ GroupedLinearKernel`: automatic relevance determination per group).
         sequences, _ = check_sequence_features(
             X, n_features=self.n_features_in_, allow_empty=True
         )
+        # Models saved before feature_mean_ existed used features as given.
+        mean = getattr(self, "feature_mean_", None)
+        if mean is not None:
+            sequences = [
+                (s.toarray() if sp.issparse(s) else s) - mean for s in sequences
+            ]
         return sequences
 
     def _params(self):

@@ -325,7 +325,9 @@ def test_mean_potential_marginals_match_enumeration(dev_splits):
         model.fit(X, y)
     x = [X[0][:2]]
     marginals = dev_splits.mean_potential_marginals(model, x)[0]
-    unary = model._mean_potentials(np.asarray(x[0]))
+    # The kernel "linear" acts on the dense features centred on the training
+    # mean.
+    unary = model._mean_potentials(np.asarray(x[0]) - model.feature_mean_)
     pairwise = model.pairwise_mean_
     scores = np.array([
         [unary[0, a] + unary[1, b] + pairwise[a, b] for b in range(2)]
@@ -432,7 +434,7 @@ def _short_fit(random_state):
     from skgpstruct import GPStructClassifier
     from skgpstruct.datasets import make_sequences
 
-    X, y = make_sequences(10, random_state=1, n_classes=2)
+    X, y = make_sequences(10, random_state=1, n_classes=2, sparse=True)
     model = GPStructClassifier(max_iter=15, random_state=random_state)
     with pytest.warns(ConvergenceWarning):
         model.fit(X, y)
@@ -462,10 +464,9 @@ def test_variance_shifts_are_against_the_initial_variances(dev_splits):
     learned = np.asarray(grouped.kernel_.variance)
     shifts = dev_splits.variance_shifts(grouped)
     # "linear" starts every group at 1 / (1 + the mean squared norm of a
-    # training token).
-    rows = sp.vstack(X).tocsr() if sp.issparse(X[0]) else np.vstack(X)
-    squares = rows.multiply(rows) if sp.issparse(rows) else rows * rows
-    mean_sq = np.asarray(squares.sum(axis=1)).mean()
+    # training token; sparse features are used as given).
+    rows = sp.vstack(X).tocsr()
+    mean_sq = np.asarray(rows.multiply(rows).sum(axis=1)).mean()
     assert shifts.shape == (3,)
     np.testing.assert_allclose(shifts, np.log10(learned * (1.0 + mean_sq)))
     line = dev_splits.variances_line([shifts, shifts])

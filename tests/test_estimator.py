@@ -33,7 +33,7 @@ import skgpstruct._estimator as estimator_module
 from skgpstruct import GPStructClassifier, SequenceDictVectorizer
 from skgpstruct._sequences import chunk_slices, stack_sequences
 from skgpstruct.datasets import make_sequences
-from skgpstruct.kernels import Kernel, RBFKernel
+from skgpstruct.kernels import Kernel, LinearKernel, RBFKernel
 from skgpstruct.likelihoods import Likelihood
 from skgpstruct.metrics import SCORERS, sequence_accuracy, token_accuracy
 
@@ -347,6 +347,9 @@ def test_fitted_attributes_have_documented_shapes(
         M = Z.shape[0]
         assert Z.shape == (M, n_features) and 1 <= M <= FAST["n_inducing"]
         Z = Z.toarray() if sparse else Z
+        if model.feature_mean_ is not None:  # dense under "linear": centred
+            assert not sparse
+            X_all = X_all - model.feature_mean_
         for row in Z:  # every inducing input is a training token
             assert np.any(np.all(X_all == row, axis=1))
         assert len(np.unique(Z, axis=0)) == M  # distinct tokens
@@ -389,9 +392,11 @@ def test_learn_hyperparameters_false_keeps_the_kernel(data):
     kernel = RBFKernel(length_scale=2.0)
     model = GPStructClassifier(kernel, learn_hyperparameters=False, **FAST)
     np.testing.assert_array_equal(model.fit(X, y).kernel_.theta, kernel.theta)
-    # "linear" starts at a prior sd of 1 for a training token's potential.
+    # "linear" starts at a prior sd of 1 for a training token's potential
+    # (dense features: centred on their mean, the coordinates it acts on).
     linear = GPStructClassifier(learn_hyperparameters=False, **FAST).fit(X, y)
-    assert np.mean(linear.kernel_.diag(np.vstack(X))) == pytest.approx(1.0)
+    centred = np.vstack(X) - linear.feature_mean_
+    assert np.mean(linear.kernel_.diag(centred)) == pytest.approx(1.0)
 
 
 def _initial_theta(X, y, kernel="linear"):
@@ -806,13 +811,14 @@ def test_pairwise_uncertainty_in_predict_marginals(data, fitted):
     # chain at the posterior mean potentials (brute force over labellings);
     # with pairwise_uncertainty=True they average over transition draws.
     _, _, X_test, _ = data
-    # All-zero features: the unaries are the label offsets only, so the
-    # transitions (and their spread) decide the marginals.
-    x = [np.zeros((4, N_FEATURES))]
+    # Tokens at the training mean (zero once centred): the unaries are the
+    # label offsets only, so the transitions (and their spread) decide the
+    # marginals.
+    x = [np.tile(fitted.feature_mean_, (4, 1))]
     model = copy.deepcopy(fitted)
     model.q_sqrt_ = np.zeros_like(fitted.q_sqrt_)
     assert np.all(model.pairwise_std_ > 0)
-    unary = model._mean_potentials(stack_sequences(x)[0])
+    unary = model._mean_potentials(stack_sequences(x)[0] - model.feature_mean_)
     expected = enumerate_one(unary, model.pairwise_mean_)[1]
     np.testing.assert_allclose(model.predict_marginals(x)[0], expected, atol=1e-4)
     model.set_params(pairwise_uncertainty=True)
@@ -1402,11 +1408,49 @@ def test_collapsed_fit_is_the_same_for_any_n_jobs(lone_data, monkeypatch):
 
 
 def test_collapsed_fit_is_the_same_for_dense_and_sparse_input(lone_data):
+    # With a kernel object the features are used as given, dense or sparse
+    # (the kernel "linear" by name centres dense features: see below).
     X, y, _, _ = lone_data
     dense = [x.toarray() for x in X]
-    assert_same_fit(
-        GPStructClassifier(**FAST).fit(X, y), GPStructClassifier(**FAST).fit(dense, y)
-    )
+    params = {**FAST, "kernel": LinearKernel(variance=0.1)}
+    sparse_fit = GPStructClassifier(**params).fit(X, y)
+    dense_fit = GPStructClassifier(**params).fit(dense, y)
+    assert dense_fit.feature_mean_ is None and sparse_fit.feature_mean_ is None
+    assert_same_fit(sparse_fit, dense_fit)
+
+
+def test_linear_by_name_centres_dense_features():
+    # A shared offset in dense features tied every weight to it under the
+    # diagonal posterior: on features moved by 10 the fit ignored them and
+    # predicted one label (accuracy 0.39 against 0.98). The kernel "linear"
+    # centres dense features on their training mean, so a move of the
+    # features moves nothing: the same fit, to rounding, at any offset.
+    X, y = make_sequences(60, n_classes=3, n_features=8, random_state=0)
+    X_train, y_train, X_test, y_test = X[:40], y[:40], X[40:], y[40:]
+    fits = {}
+    for shift in (0.0, 10.0, 1000.0):
+        model = GPStructClassifier(random_state=0)
+        fits[shift] = model.fit([x + shift for x in X_train], y_train)
+        np.testing.assert_allclose(
+            model.feature_mean_, np.vstack(X_train).mean(axis=0) + shift
+        )
+    for shift in (10.0, 1000.0):
+        np.testing.assert_allclose(
+            fits[shift].kernel_.theta, fits[0.0].kernel_.theta, rtol=1e-6
+        )
+        np.testing.assert_allclose(fits[shift].q_mu_, fits[0.0].q_mu_, atol=1e-6)
+        predicted = fits[shift].predict([x + shift for x in X_test])
+        for a, b in zip(predicted, fits[0.0].predict(X_test), strict=True):
+            np.testing.assert_array_equal(a, b)
+        accuracy = fits[shift].score([x + shift for x in X_test], y_test)
+        assert accuracy > 0.9
+    # Sparse features (indicators) are used as given; so are dense ones
+    # under a kernel object.
+    sparse_fit = GPStructClassifier(max_iter=3, random_state=0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ConvergenceWarning)
+        sparse_fit.fit([sp.csr_matrix(x) for x in X_train], y_train)
+    assert sparse_fit.feature_mean_ is None
 
 
 def test_collapse_when_every_feature_is_lone(monkeypatch):

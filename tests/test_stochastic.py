@@ -5,6 +5,7 @@ import warnings
 
 import numpy as np
 import pytest
+import scipy.sparse as sp
 from joblib import Parallel
 from sklearn.exceptions import ConvergenceWarning
 
@@ -417,6 +418,8 @@ def test_local_gradient_expands_to_the_full_gradient(data, model_params):
         # chunk holds every feature: the layouts are compact.
         X = [np.hstack([x, np.zeros((len(x), 2))]) for x in X]
         X[0][:, -2] = X[-1][:, -1] = 1.0
+        # Sparse: "linear" centres dense features, which would fill them in.
+        X = [sp.csr_matrix(x) for x in X]
     objective, x = _stochastic_objective(model_params, X, y[:20])
     x = x + 0.05 * np.random.default_rng(3).standard_normal(x.size)
     with Parallel(n_jobs=1) as parallel:
