@@ -22,6 +22,7 @@ from ._sequences import (
     check_sequence_features,
     check_sequence_labels,
     chunk_slices,
+    label_kinds,
     offsets_from_lengths,
     split_by_offsets,
     stack_sequences,
@@ -840,6 +841,12 @@ GroupedLinearKernel`: automatic relevance determination per group).
         -------
         self : GPStructClassifier
         """
+        if self.gradient == "score":
+            raise ValueError(
+                "partial_fit runs SAGA, which uses the pathwise estimator: "
+                "gradient='score' (which likelihoods without a gradient need) "
+                "is available with fit and optimizer='lbfgs' only"
+            )
         if not hasattr(self, "q_mu_") and classes is None:
             raise ValueError(
                 "classes must be given on the first call to partial_fit (a "
@@ -865,6 +872,13 @@ GroupedLinearKernel`: automatic relevance determination per group).
             if classes is None:
                 classes, label_index = np.unique(all_labels, return_inverse=True)
             else:
+                kinds = (label_kinds(classes), label_kinds(all_labels))
+                if kinds[0] and (len(kinds[0]) > 1 or kinds[0] != kinds[1]):
+                    raise ValueError(
+                        f"classes and y must hold labels of one type; got "
+                        f"{', '.join(sorted(kinds[0]))} labels in classes and "
+                        f"{', '.join(sorted(kinds[1]))} labels in y"
+                    )
                 classes = np.asarray(classes)
                 if classes.ndim != 1 or classes.size == 0:
                     raise ValueError(
@@ -1126,7 +1140,8 @@ GroupedLinearKernel`: automatic relevance determination per group).
         self.n_iter_ = result.n_iter
         self._inducing_state = inducing.prepare(self.kernel_)
         self._hyperprior_centre = np.array(centre)
-        self.__dict__.pop("ess_", None)
+        for name in ("ess_", "log_likelihood_history_"):  # of an earlier ESS fit
+            self.__dict__.pop(name, None)
         self._predict_seed = int(rng.integers(2**63))
         return self
 
@@ -1643,8 +1658,20 @@ GroupedLinearKernel`: automatic relevance determination per group).
         return self.predict_marginals(X)
 
     def _decoding_pairwise(self, pairwise):
-        """The transitions the chain decodes with (the likelihood says how)."""
-        return get_likelihood(self.likelihood).decoding_pairwise(pairwise)
+        """The transitions the chain decodes with (the likelihood says how),
+        checked: a user's likelihood may return anything."""
+        likelihood = get_likelihood(self.likelihood)
+        out = np.asarray(likelihood.decoding_pairwise(pairwise))
+        if out.shape != pairwise.shape or out.dtype.kind not in "biuf":
+            problem = f"an array of dtype {out.dtype} and shape {out.shape}"
+        elif not np.all(np.isfinite(out)):
+            problem = "NaN or infinite values"
+        else:
+            return out.astype(np.float64, copy=False)
+        raise ValueError(
+            f"{likelihood!r}.decoding_pairwise must return finite real "
+            f"transitions of shape {pairwise.shape}; got {problem}"
+        )
 
     def _project(self, X_c, offsets):
         return self.inducing_.project(

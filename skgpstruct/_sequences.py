@@ -42,6 +42,15 @@ def canonical_csr(X, dtype=np.float64):
     return X
 
 
+def _without_stored_zeros(X):
+    """A canonical CSR ``X`` without its explicitly stored zeros (a copy if
+    it has any: the caller's matrix is never changed)."""
+    if X.nnz and not X.data.all():
+        X = X.copy()
+        X.eliminate_zeros()
+    return X
+
+
 def _as_csr(matrix, label):
     """A sparse input as CSR (float64, the caller's matrix unchanged).
 
@@ -199,7 +208,10 @@ def check_sequence_features(X, *, name="X", n_features=None, allow_empty=False):
         )
     if kinds == {"sparse"}:
         _check_csr_structure(sequences, name)
-        sequences = [canonical_csr(seq) for seq in sequences]
+        # Stored zeros dropped: the same values in any storage (a BSR
+        # matrix's blocks, zeros written into a CSR) give the same features,
+        # and so the same layouts and random draws.
+        sequences = [_without_stored_zeros(canonical_csr(seq)) for seq in sequences]
         for i, seq in enumerate(sequences):
             _check_finite(seq.data, f"{name}[{i}]")
     widths = {seq.shape[1] for seq in sequences if seq.shape[0] > 0} or {
@@ -215,15 +227,54 @@ def check_sequence_features(X, *, name="X", n_features=None, allow_empty=False):
             f"{name} has {widths.pop()} features per token, but the estimator "
             f"was fitted with {n_features} features"
         )
-    if n_features is not None:
-        # Zero-length dense sequences may carry a placeholder width.
+    width = n_features if n_features is not None else next(iter(widths), None)
+    if width is not None:
+        # Zero-length sequences may carry a placeholder width (``[]``).
         sequences = [
-            s if s.shape[0] > 0 or s.shape[1] == n_features
-            else (np.zeros((0, n_features)) if not sp.issparse(s)
-                  else sp.csr_matrix((0, n_features)))
+            s if s.shape[0] > 0 or s.shape[1] == width
+            else (np.zeros((0, width)) if not sp.issparse(s)
+                  else sp.csr_matrix((0, width)))
             for s in sequences
         ]
     return sequences, kinds == {"sparse"}
+
+
+_DTYPE_KINDS = {"U": "string", "S": "bytes", "b": "number", "i": "number",
+                "u": "number", "f": "number"}
+
+
+def _label_kind(value):
+    if isinstance(value, str):
+        return "string"
+    if isinstance(value, bytes | bytearray):
+        return "bytes"
+    if isinstance(value, numbers.Number):
+        return "number"
+    return type(value).__name__
+
+
+def label_kinds(seq):
+    """The kinds of the labels of one sequence as given (before NumPy
+    converts them: it turns a list of strings and numbers into strings):
+    "string", "bytes", "number" or a type name."""
+    if isinstance(seq, np.ndarray) and seq.dtype.kind in _DTYPE_KINDS:
+        return {_DTYPE_KINDS[seq.dtype.kind]} if seq.size else set()
+    if np.ndim(seq) == 0:
+        return {_label_kind(seq)}
+    return {_label_kind(value) for value in np.asarray(seq, dtype=object).ravel()}
+
+
+def _has_non_finite_number(arr):
+    """Whether a label array holds NaN or an infinity (as floats, or as
+    numbers in an object array)."""
+    if arr.dtype.kind == "f":
+        return not np.all(np.isfinite(arr))
+    if arr.dtype.kind == "O":
+        return any(
+            isinstance(v, numbers.Real) and not np.isfinite(float(v))
+            for v in arr
+        )
+    return False
 
 
 def check_sequence_labels(y, lengths, *, name="y"):
@@ -241,6 +292,13 @@ def check_sequence_labels(y, lengths, *, name="y"):
     Returns
     -------
     labels : list of ndarray of shape (T_n,)
+
+    Raises
+    ------
+    ValueError
+        Besides shapes and lengths: labels of several types (strings and
+        numbers, strings and bytes: NumPy would turn numbers into strings),
+        NaN or infinite labels.
     """
     if (
         isinstance(y, str | bytes | Mapping | Set)
@@ -255,7 +313,7 @@ def check_sequence_labels(y, lengths, *, name="y"):
             f"X and {name} have different numbers of sequences: "
             f"{len(lengths)} and {len(y)}"
         )
-    labels = []
+    labels, kinds = [], set()
     for i, (seq, length) in enumerate(zip(y, lengths, strict=True)):
         if isinstance(seq, str | bytes):
             raise ValueError(
@@ -273,7 +331,13 @@ def check_sequence_labels(y, lengths, *, name="y"):
                 f"sequence {i} has {length} tokens in X but {arr.shape[0]} "
                 f"labels in {name}"
             )
-        if arr.dtype.kind == "f" and arr.size and not np.all(np.isfinite(arr)):
+        kinds |= label_kinds(seq)
+        if len(kinds) > 1:
+            raise ValueError(
+                f"{name} mixes label types ({', '.join(sorted(kinds))}), first "
+                f"in {name}[{i}]; give every label as one type"
+            )
+        if _has_non_finite_number(arr):
             raise ValueError(f"{name}[{i}] contains NaN or infinite labels")
         labels.append(arr)
     return labels

@@ -84,13 +84,12 @@ True
 """
 
 import inspect
-import numbers
 
 import numpy as np
 from sklearn.metrics import make_scorer
 
 from ._checks import check_integer
-from ._sequences import check_sequence_labels
+from ._sequences import check_sequence_labels, label_kinds
 
 __all__ = [
     "token_accuracy",
@@ -134,15 +133,11 @@ def _check_label_pair(y_true, y_pred):
                 f"{b.shape[0]} in y_pred"
             )
     # Strings never equal numbers nor bytes: every label would count as
-    # wrong; and NumPy turns a list of strings and numbers into strings.
-    kinds = {}
-    for name, y in (("y_true", y_true), ("y_pred", y_pred)):
-        kinds[name] = set().union(*(_label_kinds(seq) for seq in y))
-        if len(kinds[name]) > 1:
-            raise ValueError(
-                f"{name} mixes label types ({', '.join(sorted(kinds[name]))}); "
-                "give every label as one type"
-            )
+    # wrong (check_sequence_labels refused a mix within y_true or y_pred).
+    kinds = {
+        name: set().union(*(label_kinds(seq) for seq in y))
+        for name, y in (("y_true", y_true), ("y_pred", y_pred))
+    }
     if kinds["y_true"] and kinds["y_pred"] and kinds["y_true"] != kinds["y_pred"]:
         (true_kind,), (pred_kind,) = kinds["y_true"], kinds["y_pred"]
         raise ValueError(
@@ -150,30 +145,6 @@ def _check_label_pair(y_true, y_pred):
             f"{pred_kind} labels in y_pred); give both as one type"
         )
     return [a.tolist() for a in true], [b.tolist() for b in pred]
-
-
-_DTYPE_KINDS = {"U": "string", "S": "bytes", "b": "number", "i": "number",
-                "u": "number", "f": "number"}
-
-
-def _label_kind(value):
-    if isinstance(value, str):
-        return "string"
-    if isinstance(value, bytes | bytearray):
-        return "bytes"
-    if isinstance(value, numbers.Number):
-        return "number"
-    return type(value).__name__
-
-
-def _label_kinds(seq):
-    """The kinds of the labels of one sequence as given (before NumPy
-    converts them): "string", "bytes", "number" or a type name."""
-    if isinstance(seq, np.ndarray) and seq.dtype.kind in _DTYPE_KINDS:
-        return {_DTYPE_KINDS[seq.dtype.kind]} if seq.size else set()
-    if np.ndim(seq) == 0:
-        return {_label_kind(seq)}
-    return {_label_kind(value) for value in np.asarray(seq, dtype=object).ravel()}
 
 
 def token_accuracy(y_true, y_pred):

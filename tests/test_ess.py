@@ -9,11 +9,13 @@ estimator.
 """
 
 import math
+import warnings
 
 import _chain_reference as chain_reference
 import numpy as np
 import pytest
 import scipy.sparse as sp
+from sklearn.exceptions import ConvergenceWarning
 
 from skgpstruct import chain
 from skgpstruct._sequences import stack_sequences
@@ -566,6 +568,31 @@ def test_estimator_ess_takes_the_chain_likelihood_by_name_or_object():
     )
     with pytest.raises(ValueError, match="exact chain likelihood only"):
         GPStructClassifier(likelihood="pseudo", **params).fit(X, y)
+
+
+def test_refits_switching_inference_keep_only_their_own_attributes():
+    # ESS then variational then ESS on the same estimator: each fit leaves
+    # the attributes of its own inference only, and predicts as a fresh one.
+    from skgpstruct import GPStructClassifier
+
+    X, y = make_sequences(8, random_state=0)
+    ess_params = dict(inference="ess", ess_n_iter=20, random_state=0,
+                      learn_hyperparameters=False)
+    model = GPStructClassifier(**ess_params).fit(X, y)
+    assert hasattr(model, "log_likelihood_history_")
+    model.set_params(inference="variational", max_iter=5)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ConvergenceWarning)
+        model.fit(X, y)
+    assert not hasattr(model, "log_likelihood_history_")
+    assert not hasattr(model, "ess_") and hasattr(model, "elbo_history_")
+    model.set_params(**ess_params).fit(X, y)
+    assert not hasattr(model, "elbo_history_") and not hasattr(model, "q_mu_")
+    fresh = GPStructClassifier(**ess_params).fit(X, y)
+    np.testing.assert_array_equal(
+        np.concatenate(model.predict_marginals(X)),
+        np.concatenate(fresh.predict_marginals(X)),
+    )
 
 
 def test_estimator_ess_rejects_bad_burn_in():

@@ -523,13 +523,19 @@ def test_integer_labels_with_gaps(data):
     assert_clearly_better_than_chance([10 * s - 7 for s in y_test], predictions)
 
 
-def test_zero_length_training_sequence_keeps_integer_labels(data):
+@pytest.mark.parametrize(
+    "empty", [lambda: np.zeros((0, N_FEATURES)), lambda: [],
+              lambda: sp.csr_matrix((0, 0))],
+    ids=["zeros(0,F)", "[]", "sparse (0, 0)"],
+)
+def test_zero_length_training_sequence_keeps_integer_labels(data, empty):
     # An empty sequence has no labels to add: classes_ must be the same, with
-    # the same dtype, as without it (``[]`` must not turn labels into floats).
+    # the same dtype, as without it (``[]`` must not turn labels into floats),
+    # whatever width the empty sequence is given with.
     X, y, X_test, _ = data
-    model = GPStructClassifier(**FAST).fit(
-        X + [np.zeros((0, N_FEATURES))], y + [[]]
-    )
+    if sp.issparse(empty()):
+        X, X_test = [sp.csr_matrix(x) for x in X], [sp.csr_matrix(x) for x in X_test]
+    model = GPStructClassifier(**FAST).fit([empty()] + X + [empty()], [[]] + y + [[]])
     np.testing.assert_array_equal(model.classes_, np.arange(N_CLASSES))
     assert model.classes_.dtype.kind == "i", model.classes_
     assert all(p.dtype.kind == "i" for p in model.predict(X_test))
@@ -768,6 +774,38 @@ def test_predict_marginals_do_not_depend_on_n_jobs(data, fitted, monkeypatch):
             np.testing.assert_array_equal(b, a)
 
 
+def test_stored_zeros_do_not_change_the_model():
+    # The same values stored with explicit zeros (a BSR matrix's blocks, a
+    # zero written into a CSR) are the same features: the same fit, the
+    # same marginals, and the caller's matrices keep their zeros.
+    X, y = make_sequences(
+        n_sequences=12, length_range=(4, 8), sparse=True, random_state=0
+    )
+    X = [sp.csr_matrix(x) for x in X]
+    with_zeros = []
+    for x in X:
+        z = x.copy()
+        z.data[::3] = 0.0  # some entries become stored zeros ...
+        with_zeros.append(z)
+    X = [z.copy() for z in with_zeros]
+    for x in X:
+        x.eliminate_zeros()  # ... and the same values without them
+    bsr = [sp.bsr_matrix(x.toarray(), blocksize=(1, 2)) for x in X]
+    assert any(not b.data.all() for b in bsr)
+    nnz = [z.nnz for z in with_zeros]
+    params = {**FAST, "max_iter": 10}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ConvergenceWarning)
+        fits = [GPStructClassifier(**params).fit(Xs, y) for Xs in (X, with_zeros, bsr)]
+    for other in fits[1:]:
+        assert_same_fit(fits[0], other)
+    reference = fits[0].predict_marginals(X)
+    for Xs in (with_zeros, bsr):
+        for a, b in zip(fits[0].predict_marginals(Xs), reference, strict=True):
+            np.testing.assert_array_equal(a, b)
+    assert [z.nnz for z in with_zeros] == nnz
+
+
 def test_unsorted_sparse_input_is_left_as_given(data, fitted):
     # A CSR sequence whose column indices are not sorted: its predictions
     # are those of the sorted matrix (the same sequence), and neither
@@ -921,6 +959,16 @@ def _bad_fit_inputs():
     inf[0][0, 0] = -np.inf
     short_labels = list(y)
     short_labels[1] = short_labels[1][:-1]
+    # Labels NumPy would merge or keep as a class: NaN among objects or
+    # strings, integers beside strings (turned into strings).
+    nan_object = [s.astype(object) for s in y]
+    nan_object[2][0] = np.nan
+    nan_in_strings = [[str(v) for v in s] for s in y]
+    nan_in_strings[0][0] = float("nan")
+    int_beside_str = [np.array([str(v) for v in s]) for s in y]
+    int_beside_str[4] = y[4]
+    int_among_str = [[str(v) for v in s] for s in y]
+    int_among_str[0][0] = int(int_among_str[0][0])
     return {
         "len(X) != len(y)": (X, y[:-1], r"different numbers of sequences: 30 and 29"),
         "no sequences": ([], [], r"X contains no sequences"),
@@ -933,6 +981,18 @@ def _bad_fit_inputs():
             [sp.csr_matrix(X[0])] + X[1:], y, r"mixes dense and sparse"
         ),
         "labels a string": (X[:1], ["ab"], r"y\[0\] is a single string"),
+        "NaN object label": (X, nan_object, r"y\[2\] contains NaN or infinite"),
+        "NaN among strings": (
+            X, nan_in_strings,
+            r"y mixes label types \(number, string\), first in y\[0\]",
+        ),
+        "int array beside strings": (
+            X, int_beside_str,
+            r"y mixes label types \(number, string\), first in y\[4\]",
+        ),
+        "int among strings": (
+            X, int_among_str, r"y mixes label types \(number, string\)"
+        ),
         "complex features": (
             [x.astype(complex) for x in X], y, r"X\[0\] must hold real numbers"
         ),
@@ -1145,6 +1205,32 @@ def test_later_partial_fit_pieces_may_lack_labels(data):
 def test_partial_fit_refuses_malformed_classes(data, classes):
     X, y, _, _ = data
     with pytest.raises(ValueError, match="classes must be a non-empty 1-D array"):
+        GPStructClassifier(**FAST).partial_fit(X, y, classes=classes)
+
+
+@pytest.mark.parametrize("optimizer", ["lbfgs", "stochastic"])
+def test_partial_fit_refuses_the_score_estimator_whatever_the_optimizer(
+    data, optimizer
+):
+    # It advised optimizer='lbfgs', which partial_fit never runs.
+    X, y, _, _ = data
+    model = GPStructClassifier(gradient="score", optimizer=optimizer, **FAST)
+    with pytest.raises(ValueError, match=r"partial_fit runs SAGA, .* available "
+                       r"with fit and optimizer='lbfgs' only"):
+        model.partial_fit(X, y, classes=[0, 1, 2])
+
+
+@pytest.mark.parametrize(
+    ("classes", "kinds"),
+    [([0, 1, "2"], "number, string labels in classes"),
+     (["0", "1", "2"], "string labels in classes and number labels in y")],
+    ids=["mixed", "strings for numbers"],
+)
+def test_partial_fit_refuses_classes_of_other_label_types(data, classes, kinds):
+    # NumPy would turn [0, 1, "2"] into strings; "0" never equals 0.
+    X, y, _, _ = data
+    with pytest.raises(ValueError, match=f"classes and y must hold labels of one "
+                                         f"type; got {kinds}"):
         GPStructClassifier(**FAST).partial_fit(X, y, classes=classes)
 
 

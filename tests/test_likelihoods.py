@@ -675,3 +675,42 @@ def test_subclass_gradient_output_is_checked(index, bad, message):
         _Returns(out=tuple(out)).log_prob_and_gradient(*_batch())
     with pytest.raises(ValueError, match="must return .log_prob, grad_unary"):
         _Returns(out=np.zeros(3)).log_prob_and_gradient(*_batch())
+
+
+def test_subclass_claiming_a_gradient_it_does_not_implement(data):
+    # has_gradient = True without _log_prob_and_gradient: the fit says what
+    # is missing (it raised an empty NotImplementedError).
+    class Claims(Likelihood):
+        has_gradient = True
+
+        def _log_prob(self, unary, pairwise, offsets, labels):
+            return np.zeros((unary.shape[0], len(offsets) - 1))
+
+    X, y, _, _ = data
+    with pytest.raises(NotImplementedError, match=r"Claims sets has_gradient = "
+                       r"True but does not implement _log_prob_and_gradient"):
+        GPStructClassifier(likelihood=Claims(), **FAST).fit(X, y)
+
+
+@pytest.mark.parametrize(
+    ("decode", "message"),
+    [(lambda p: p * np.nan, "got NaN or infinite values"),
+     (lambda p: p[..., :-1],
+      r"got an array of dtype float64 and shape \((32, )?3, 2\)"),
+     (lambda p: np.full(p.shape, "x"), "got an array of dtype <U1")],
+    ids=["NaN", "shape", "strings"],
+)
+def test_bad_decoding_transitions_name_the_likelihood(data, decode, message):
+    # A user's decoding_pairwise that returns non-finite transitions was
+    # reported as X's values being too large.
+    class Decodes(ChainCRF):
+        def decoding_pairwise(self, pairwise):
+            return decode(pairwise)
+
+    X, y, X_test, _ = data
+    model = GPStructClassifier(likelihood=Decodes(), **FAST).fit(X, y)
+    for method in (model.predict, model.predict_marginals):
+        with pytest.raises(ValueError, match=r"Decodes\(\)\.decoding_pairwise "
+                           r"must return finite real transitions of shape "
+                           rf"\((32, )?3, 3\); {message}"):
+            method(X_test)

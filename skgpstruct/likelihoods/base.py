@@ -177,7 +177,11 @@ class Likelihood(ABC):
 
     def _log_prob_and_gradient(self, unary, pairwise, offsets, labels):
         """Compute :meth:`log_prob_and_gradient` (override when available)."""
-        raise NotImplementedError
+        raise NotImplementedError(
+            f"{type(self).__name__} sets has_gradient = True but does not "
+            "implement _log_prob_and_gradient; implement it, or set "
+            "has_gradient = False and fit with gradient='score'"
+        )
 
     def __repr__(self):
         return f"{type(self).__name__}()"
