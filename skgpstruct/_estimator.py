@@ -815,7 +815,14 @@ GroupedLinearKernel`: automatic relevance determination per group).
             a malformed sparse matrix (indices out of range, decreasing
             index pointers); dense and sparse sequences mixed; sequences of
             different widths, or with no feature; no token at all; labels of
-            types that cannot be ordered.
+            several types (strings and numbers: NumPy would turn the numbers
+            into strings) or of types that cannot be ordered; NaN labels.
+
+        Notes
+        -----
+        Sparse sequences are read by their values: explicitly stored zeros
+        are dropped (on a copy), so any storage of the same values gives the
+        same model.
         """
         return self._fit(X, y)
 
