@@ -38,7 +38,14 @@ from .inference.inducing import (
 )
 from .inference.posterior import ParameterLayout, VariationalParameters
 from .inference.terms import Chunk, sample_unary, sample_unary_stacked
-from .kernels import GroupedLinearKernel, LinearKernel, check_kernel
+from .kernels import (
+    GroupedLinearKernel,
+    LinearKernel,
+    RBFKernel,
+    _checked_sq_distances,
+    _sq_distances,
+    check_kernel,
+)
 from .likelihoods import ChainCRF, get_likelihood
 from .optim.lbfgs import (
     NonFiniteStart,
@@ -309,6 +316,22 @@ def _check_potentials(unary, pairwise, offsets, X_c, kind):
         )
 
 
+#: Most training tokens the median-distance start of ``kernel="rbf"`` reads.
+MEDIAN_DISTANCE_TOKENS = 1000
+
+
+def _median_distance(X_all):
+    """Median Euclidean distance between distinct training tokens (at most
+    ``MEDIAN_DISTANCE_TOKENS``, evenly spaced: no random numbers drawn), or
+    1 when every token is the same."""
+    n = X_all.shape[0]
+    rows = np.unique(np.linspace(0, n - 1, min(n, MEDIAN_DISTANCE_TOKENS)).astype(int))
+    d2 = _checked_sq_distances(_sq_distances(X_all[rows], None))
+    d2 = d2[np.triu_indices(len(rows), 1)]
+    d2 = d2[d2 > 0]
+    return float(np.sqrt(np.median(d2))) if d2.size else 1.0
+
+
 def _sample_blocks(lengths, K, S, V):
     """How :meth:`GPStructClassifier.predict_marginals` samples a chunk.
 
@@ -356,10 +379,11 @@ class GPStructClassifier(BaseEstimator):
         dense features. For ``"linear"`` the initial variance is set so that
         the prior standard deviation of a training token's potential is 1
         (with small features, a mean squared norm below 1, half of it on
-        the features and the variance's bounds moved with its start), and
-        dense features are centred on their training mean
-        (``feature_mean_``). A kernel object is used as given, on the
-        features as given.
+        the features and the variance's bounds moved with its start); for
+        ``"rbf"`` the length scale starts at the median distance between
+        training tokens, its bounds moved with it. Under both, dense
+        features are centred on their training mean (``feature_mean_``).
+        A kernel object is used as given, on the features as given.
     n_inducing : int, default=500
         Number of inducing inputs, chosen among distinct training tokens
         (capped at their number).
@@ -564,8 +588,9 @@ GroupedLinearKernel`: automatic relevance determination per group).
     n_features_in_ : int
     feature_mean_ : ndarray of shape (n_features,) or None
         The training tokens' mean, subtracted from dense features before the
-        kernel when ``kernel="linear"`` (by name); None otherwise (sparse
-        features, other kernels: features used as given). A shared offset
+        kernel when ``kernel`` is ``"linear"`` or ``"rbf"`` (by name); None
+        otherwise (sparse features, kernel objects: features used as
+        given). A shared offset
         in the features would otherwise tie every weight to the offset,
         which the diagonal posterior cannot express: on features moved by
         10 the fit learned to ignore them and predicted one label. Centred,
@@ -1194,19 +1219,23 @@ GroupedLinearKernel`: automatic relevance determination per group).
         """The training mean subtracted from the features before the kernel,
         or None (features as given).
 
-        Dense features under ``kernel="linear"`` are centred: an offset shared
-        by the features (positive measurements, ``x + 10``) correlates every
-        weight with the offset, which the diagonal posterior cannot express,
-        and the fit learned to ignore the features (one label predicted).
-        Centred, the same linear functions with the offset's prior on the
-        mean token. A continued fit (``warm_start``, ``partial_fit``) keeps
-        the coordinates of the fit it continues.
+        Dense features under the kernels by name are centred. Under
+        ``"linear"`` an offset shared by the features (positive
+        measurements, ``x + 10``) correlates every weight with the offset,
+        which the diagonal posterior cannot express, and the fit learned to
+        ignore the features (one label predicted); centred, the same linear
+        functions with the offset's prior on the mean token. ``"rbf"`` is
+        the same model at any offset, and its distances (from inner
+        products) keep their precision. A continued fit (``warm_start``,
+        ``partial_fit``) keeps the coordinates of the fit it continues.
         """
         if (self.warm_start or partial) and hasattr(self, "q_mu_"):
             mean = getattr(self, "feature_mean_", None)
             # Other features are refused with the other changes below.
             return mean if mean is not None and mean.size == X_all.shape[1] else None
-        if is_sparse or not (isinstance(self.kernel, str) and self.kernel == "linear"):
+        if is_sparse or not (
+            isinstance(self.kernel, str) and self.kernel in ("linear", "rbf")
+        ):
             return None
         with np.errstate(over="ignore", invalid="ignore"):
             mean = X_all.mean(axis=0)
@@ -1251,6 +1280,16 @@ GroupedLinearKernel`: automatic relevance determination per group).
             return LinearKernel(
                 variance=variance, bias=mean_sq, variance_bounds=bounds,
                 bias_bounds=(1e-5 * mean_sq, 1e5 * mean_sq),
+            )
+        if isinstance(self.kernel, str) and self.kernel == "rbf":
+            # The length scale starts at the median distance between training
+            # tokens, its range moved with it: the same fit at any scale of
+            # the features (from 1, features scaled by 1e-4 or 1e3 gave a
+            # kernel that saw all tokens alike or all apart, and a fit at
+            # chance level).
+            scale = _median_distance(X_all)
+            return RBFKernel(
+                length_scale=scale, length_scale_bounds=(1e-5 * scale, 1e5 * scale)
             )
         return check_kernel(self.kernel, sparse=is_sparse)
 

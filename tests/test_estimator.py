@@ -1505,6 +1505,60 @@ def test_collapsed_fit_is_the_same_for_dense_and_sparse_input(lone_data):
     assert_same_fit(sparse_fit, dense_fit)
 
 
+def test_median_distance_against_pdist():
+    # The length-scale start of "rbf": the median distance between distinct
+    # tokens (scipy's pdist here), the same for sparse rows, 1 when every
+    # token is the same; past MEDIAN_DISTANCE_TOKENS evenly spaced tokens.
+    from scipy.spatial.distance import pdist
+
+    rng = np.random.default_rng(0)
+    Z = rng.standard_normal((50, 4)) * (rng.random((50, 4)) < 0.6)
+    Z[10] = Z[11]  # a repeated token: its zero distance is left out
+    d = pdist(Z)
+    expected = np.median(d[d > 0])
+    assert estimator_module._median_distance(Z) == pytest.approx(expected)
+    assert estimator_module._median_distance(sp.csr_matrix(Z)) == pytest.approx(
+        expected
+    )
+    assert estimator_module._median_distance(np.ones((5, 3))) == 1.0
+    big = rng.standard_normal((2500, 2))
+    rows = np.unique(np.linspace(0, 2499, 1000).astype(int))
+    assert estimator_module._median_distance(big) == pytest.approx(
+        np.median(pdist(big[rows]))
+    )
+
+
+def test_rbf_by_name_fits_features_at_any_scale():
+    # From a length scale of 1, features scaled by 1e-4 or 1e3 gave a kernel
+    # that saw every token alike (or apart) and a fit at chance level
+    # (0.207 on this data). "rbf" starts at the median distance between
+    # training tokens, its bounds moved with it, and centres dense features.
+    X, y = make_sequences(80, n_classes=5, n_features=10, random_state=0)
+    X_train, y_train, X_test, y_test = X[:60], y[:60], X[60:], y[60:]
+    starts = {}
+    for scale, shift in ((1.0, 0.0), (1e-4, 0.0), (1e3, 0.0), (1.0, 1e4)):
+        A = [scale * x + shift for x in X_train]
+        start = GPStructClassifier(
+            kernel="rbf", learn_hyperparameters=False, max_iter=1, random_state=0
+        )
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", ConvergenceWarning)
+            start.fit(A, y_train)
+        median = estimator_module._median_distance(np.vstack(A) - np.vstack(A).mean(0))
+        starts[scale, shift] = start.kernel_.length_scale
+        assert starts[scale, shift] == pytest.approx(median)
+        np.testing.assert_allclose(
+            start.kernel_.length_scale_bounds, (1e-5 * median, 1e5 * median)
+        )
+        model = GPStructClassifier(kernel="rbf", n_inducing=40, random_state=0)
+        model.fit(A, y_train)
+        assert model.score([scale * x + shift for x in X_test], y_test) > 0.9
+    unit = starts[1.0, 0.0]
+    assert starts[1e-4, 0.0] == pytest.approx(1e-4 * unit)
+    assert starts[1e3, 0.0] == pytest.approx(1e3 * unit)
+    assert starts[1.0, 1e4] == pytest.approx(unit)
+
+
 def test_linear_by_name_centres_dense_features():
     # A shared offset in dense features tied every weight to it under the
     # diagonal posterior: on features moved by 10 the fit ignored them and
