@@ -590,13 +590,14 @@ GroupedLinearKernel`: automatic relevance determination per group).
         The training tokens' mean, subtracted from dense features before the
         kernel when ``kernel`` is ``"linear"`` or ``"rbf"`` (by name); None
         otherwise (sparse features, kernel objects: features used as
-        given). A shared offset
-        in the features would otherwise tie every weight to the offset,
-        which the diagonal posterior cannot express: on features moved by
-        10 the fit learned to ignore them and predicted one label. Centred,
-        the model has the same linear functions, the offset's prior on the
-        mean token; ``kernel_``, ``inducing_points_`` and the posterior are
-        in these coordinates.
+        given). Under ``"linear"`` a shared offset in the features would
+        otherwise tie every weight to the offset, which the diagonal
+        posterior cannot express (on features moved by 10 the fit learned
+        to ignore them and predicted one label); centred, the model has the
+        same linear functions, the offset's prior on the mean token.
+        ``"rbf"`` is the same model at any offset; centred, its distances
+        keep their precision. ``kernel_``, ``inducing_points_`` and the
+        posterior are in these coordinates.
     inducing_ : InducingPoints or InducingFeatures
         The inducing variables: inducing inputs among the training tokens,
         or (linear kernel, ``inducing="features"``) the feature weights.
