@@ -63,19 +63,32 @@ class _TemplateLine:
         return f"template line {self.line_number} ({self.text!r})"
 
 
+def _read_template_file(path):
+    """The text of a template file (UTF-8), with errors that name it."""
+    name = os.fspath(path)
+    if os.path.isdir(name):
+        raise ValueError(f"template {name!r} is a directory, not a template file")
+    try:
+        with open(name, encoding="utf-8") as handle:
+            return handle.read()
+    except UnicodeDecodeError as exc:
+        raise ValueError(
+            f"template file {name!r} is not UTF-8 text ({exc.reason} at byte "
+            f"{exc.start}); save it as UTF-8 (CRF++ templates are ASCII)"
+        ) from None
+
+
 def _read_template(template):
     """Template text from text or a path; returns (text, name)."""
     if isinstance(template, os.PathLike):
-        with open(template, encoding="utf-8") as handle:
-            return handle.read(), os.fspath(template)
+        return _read_template_file(template), os.fspath(template)
     if not isinstance(template, str):
         raise TypeError(
             "template must be the text of a CRF++ template or the path of a "
             f"template file (str or path-like), got {type(template).__name__}"
         )
-    if "\n" not in template and os.path.isfile(template):
-        with open(template, encoding="utf-8") as handle:
-            return handle.read(), template
+    if "\n" not in template and (os.path.isfile(template) or os.path.isdir(template)):
+        return _read_template_file(template), template
     return template, None
 
 
@@ -140,27 +153,40 @@ def _check_token_sequences(X):
             f"of column strings) as read_conll returns, got {type(X).__name__}"
         )
     for i, seq in enumerate(X):
-        if isinstance(seq, str | bytes) or not hasattr(seq, "__len__"):
-            raise ValueError(
-                f"X[{i}] must be a sequence of token rows, got "
-                f"{type(seq).__name__}"
-            )
-        for t, row in enumerate(seq):
-            if isinstance(row, str | bytes) or not hasattr(row, "__len__"):
-                raise ValueError(
-                    f"X[{i}][{t}] must be a token row (a list of column "
-                    f"strings), got {type(row).__name__} {row!r}; X must be a "
-                    "list of sequences (wrap a single sequence as [seq])"
-                )
-            for c, value in enumerate(row):
-                if not isinstance(value, str):
-                    raise ValueError(
-                        f"X[{i}][{t}][{c}] must be a str (a column value), got "
-                        f"{type(value).__name__}; X must be the token "
-                        "sequences alone, not the (tokens, labels) pair "
-                        "read_conll returns"
-                    )
+        _check_token_rows(
+            seq, f"X[{i}]",
+            row_hint="X must be a list of sequences (wrap a single sequence as "
+            "[seq])",
+            value_hint="X must be the token sequences alone, not the (tokens, "
+            "labels) pair read_conll returns",
+        )
     return X
+
+
+def _check_token_rows(seq, name, *, row_hint, value_hint):
+    """Validate one sequence of token rows; ``name`` is its argument name."""
+    if isinstance(seq, str | bytes | Mapping | Set) or not hasattr(seq, "__len__"):
+        raise ValueError(
+            f"{name} must be a sequence of token rows, got {type(seq).__name__}"
+        )
+    for t, row in enumerate(seq):
+        if isinstance(row, Mapping | Set):
+            raise ValueError(
+                f"{name}[{t}] must be a token row (a list of column strings), "
+                f"got a {type(row).__name__}; per-token feature dicts go "
+                "through SequenceDictVectorizer"
+            )
+        if isinstance(row, str | bytes) or not hasattr(row, "__len__"):
+            raise ValueError(
+                f"{name}[{t}] must be a token row (a list of column strings), "
+                f"got {type(row).__name__} {row!r}; {row_hint}"
+            )
+        for c, value in enumerate(row):
+            if not isinstance(value, str):
+                raise ValueError(
+                    f"{name}[{t}][{c}] must be a str (a column value), got "
+                    f"{type(value).__name__}; {value_hint}"
+                )
 
 
 def _check_columns(unigrams, seq, i):
@@ -227,8 +253,9 @@ def expand_crfpp_template(template, sequence):
     Raises
     ------
     ValueError
-        On a malformed template line or a column index beyond a token's
-        columns.
+        On a malformed template line, a column index (of a ``U`` or ``B``
+        line) beyond a token's columns, or a ``sequence`` that is not a list
+        of token rows.
 
     Examples
     --------
@@ -237,9 +264,15 @@ def expand_crfpp_template(template, sequence):
     >>> expand_crfpp_template(template, [["He", "PRP"], ["reckons", "VBZ"]])
     [['U00:_B-1', 'U01:He/PRP'], ['U00:He', 'U01:reckons/VBZ']]
     """
-    unigrams, _ = _parse_template(template)
-    (sequence,) = _check_token_sequences([sequence])
-    _check_columns(unigrams, sequence, 0)
+    unigrams, bigrams = _parse_template(template)
+    _check_token_rows(
+        sequence, "sequence",
+        row_hint="sequence must be the token rows of one sequence, e.g. "
+        "[['He', 'PRP'], ['reckons', 'VBZ']]",
+        value_hint="sequence must be one sequence of token rows, not a list "
+        "of sequences",
+    )
+    _check_columns(unigrams + bigrams, sequence, 0)
     expanded = _expand(unigrams, sequence)
     if not expanded:
         return [[] for _ in sequence]
@@ -302,8 +335,10 @@ class CRFppTemplateVectorizer(
         just ``U`` or ``B`` has no macro (``U`` is then a bias feature);
         ``#`` comments and blank lines are ignored.
     min_count : int, default=1
-        Keep features that occur at least this many times (token positions)
-        in the training sequences, as CRF++'s ``-f`` option.
+        Keep features that occur at least this many times in the training
+        sequences, counted as CRF++'s ``-f`` option counts them: once per
+        token and template line that renders the string (two lines sharing
+        an id that render it at one token count twice).
 
     Attributes
     ----------
@@ -311,7 +346,11 @@ class CRFppTemplateVectorizer(
         Feature string -> column index; columns are in sorted string order.
     uses_transitions_ : bool
         Whether the template has a ``B`` line, i.e. asks for transition
-        features between neighbouring labels.
+        features between neighbouring labels. Informative only:
+        :class:`~skgpstruct.GPStructClassifier` always has pairwise
+        potentials (their prior variance is learned, so unneeded transitions
+        shrink); a template without ``B`` lines, which gives CRF++ a model
+        without transitions, does not remove them.
     feature_groups_ : ndarray of int64 of shape (n_features,)
         For every column, the index in ``unigram_templates_`` of the
         template line that produced it (the first one, if two lines render
@@ -414,7 +453,10 @@ class CRFppTemplateVectorizer(
             for line_index, strings in enumerate(lines):
                 counts.update(strings)
                 for string in strings:
-                    source_line.setdefault(string, line_index)
+                    # The first line in template order that renders the
+                    # string, whatever sequence showed it first.
+                    if source_line.setdefault(string, line_index) > line_index:
+                        source_line[string] = line_index
             expanded.append(lines)
         kept = sorted(f for f, n in counts.items() if n >= self.min_count)
         self.vocabulary_ = {f: k for k, f in enumerate(kept)}
@@ -521,6 +563,15 @@ def _check_dict_sequences(X):
     return flat, lengths
 
 
+def _split_tokens(stacked, lengths):
+    """The wrapped vectorizer's output, one token per row, split into
+    sequences: arrays, or CSR matrices (COO and other sparse formats cannot
+    be sliced by rows)."""
+    if sp.issparse(stacked) and stacked.format != "csr":
+        stacked = stacked.tocsr()
+    return split_by_offsets(stacked, offsets_from_lengths(lengths))
+
+
 class SequenceDictVectorizer(
     TransformerMixin, BaseEstimator, auto_wrap_output_keys=None
 ):
@@ -612,9 +663,12 @@ class SequenceDictVectorizer(
         flat, lengths = _check_dict_sequences(X)
         if not lengths:
             raise ValueError("X contains no sequences; at least one is required")
+        if not flat:  # as fit does (scikit-learn refuses to transform nothing)
+            self.vectorizer_ = vectorizer.fit(flat)
+            return self.transform(X)
         stacked = vectorizer.fit_transform(flat)
         self.vectorizer_ = vectorizer
-        return split_by_offsets(stacked, offsets_from_lengths(lengths))
+        return _split_tokens(stacked, lengths)
 
     def transform(self, X):
         """Features of every sequence.
@@ -634,12 +688,11 @@ class SequenceDictVectorizer(
         check_is_fitted(self, "vectorizer_")
         flat, lengths = _check_dict_sequences(X)
         if not flat:
-            # The width of the output: that of one token without features
-            # (a FeatureHasher has no feature names to count).
-            n_features = self.vectorizer_.transform([{}]).shape[1]
-            return [sp.csr_matrix((0, n_features)) for _ in lengths]
-        stacked = self.vectorizer_.transform(flat)
-        return split_by_offsets(stacked, offsets_from_lengths(lengths))
+            # No token: the output of one token without features, with no
+            # row (its width and kind: a FeatureHasher has no feature names
+            # to count, sparse=False gives arrays).
+            return _split_tokens(self.vectorizer_.transform([{}])[:0], lengths)
+        return _split_tokens(self.vectorizer_.transform(flat), lengths)
 
     def get_feature_names_out(self, input_features=None):
         """Feature names of the wrapped vectorizer.

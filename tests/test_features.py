@@ -191,6 +191,11 @@ def test_template_from_path(tmp_path):
         (([DOC_SEQUENCE], [["O"] * 5]), r"X\[0\]\[0\]\[0\] must be a str .* \(tokens, "
          "labels\\) pair"),
         ([[["a", 1]]], r"X\[0\]\[0\]\[1\] must be a str"),
+        # sklearn-crfsuite's token dicts: they crashed with KeyError: 0.
+        ([[{"w": "a"}]], r"X\[0\]\[0\] must be a token row .*got a dict; "
+         "per-token feature dicts go through SequenceDictVectorizer"),
+        ([[{"a"}]], r"X\[0\]\[0\] must be a token row .*got a set"),
+        ([{"w": "a"}], r"X\[0\] must be a sequence of token rows, got dict"),
     ],
 )
 def test_bad_X(X, message):
@@ -298,3 +303,84 @@ def test_dict_vectorizer_keeps_its_width_on_empty_sequences_only(vectorizer):
     vec = SequenceDictVectorizer(vectorizer).fit(TOKEN_DICTS)
     width = vec.transform(TOKEN_DICTS)[0].shape[1]
     assert [m.shape for m in vec.transform([[], []])] == [(0, width), (0, width)]
+
+
+@pytest.mark.parametrize(
+    ("sequence", "message"),
+    [
+        (["He", "reckons"], r"sequence\[0\] must be a token row .*got str 'He'; "
+         r"sequence must be the token rows of one sequence"),
+        ([DOC_SEQUENCE], r"sequence\[0\]\[0\] must be a str .*not a list of "
+         "sequences"),
+        (None, "sequence must be a sequence of token rows, got NoneType"),
+        ([{"w": "He"}], r"sequence\[0\] must be a token row .*got a dict"),
+    ],
+    ids=["words", "list of sequences", "None", "dicts"],
+)
+def test_expand_names_its_argument(sequence, message):
+    # Its errors spoke of X and a list of sequences, for its one sequence.
+    with pytest.raises(ValueError, match=message):
+        expand_crfpp_template("U00:%x[0,0]", sequence)
+
+
+def test_expand_checks_the_columns_of_b_lines():
+    # As the vectorizer (and CRF++) do: a B line reading a missing column.
+    with pytest.raises(ValueError, match=r"'B01:%x\[0,5\]'\) reads column 5"):
+        expand_crfpp_template("U00:%x[0,0]\nB01:%x[0,5]", [["a", "b"]])
+
+
+def test_feature_groups_follow_the_template_order_not_the_data_order():
+    # Two lines sharing an id render the same string: its group is the first
+    # line in template order, whichever sequence shows it first (it was the
+    # line that rendered it in the first sequence: reversing X changed the
+    # groups, and with feature_groups="auto" the fitted model).
+    template = "U01:%x[0,0]\nU01:%x[0,1]"
+    X = [[["a", "b"]], [["b", "c"]]]
+    forward = CRFppTemplateVectorizer(template).fit(X)
+    backward = CRFppTemplateVectorizer(template).fit(X[::-1])
+    assert forward.vocabulary_ == backward.vocabulary_
+    np.testing.assert_array_equal(forward.feature_groups_, [0, 0, 1])
+    np.testing.assert_array_equal(backward.feature_groups_, [0, 0, 1])
+
+
+def test_template_file_errors_name_the_file(tmp_path):
+    X = [[["a"], ["b"]]]
+    latin = tmp_path / "template"
+    latin.write_bytes("U00:\xe9%x[0,0]\nB\n".encode("latin-1"))
+    for template in (latin, str(latin)):
+        with pytest.raises(ValueError, match=r"template file '.*template' is not "
+                           "UTF-8 text .* save it as UTF-8"):
+            CRFppTemplateVectorizer(template).fit(X)
+    for template in (tmp_path, str(tmp_path)):
+        with pytest.raises(ValueError, match="is a directory, not a template file"):
+            CRFppTemplateVectorizer(template).fit(X)
+
+
+def test_sequence_dict_vectorizer_output_kind_without_tokens():
+    # Dense output stays dense when no sequence has a token (it became CSR),
+    # and fit_transform of no token behaves as fit then transform (it raised
+    # scikit-learn's "Sample sequence X is empty.").
+    vec = SequenceDictVectorizer(DictVectorizer(sparse=False)).fit(TOKEN_DICTS)
+    width = len(vec.get_feature_names_out())
+    for out in (vec.transform([[], []]), vec.transform([[], TOKEN_DICTS[0]])):
+        assert all(isinstance(m, np.ndarray) for m in out)
+    assert vec.transform([[], []])[0].shape == (0, width)
+    fitted = SequenceDictVectorizer()
+    out = fitted.fit_transform([[], []])
+    assert [m.shape for m in out] == [(0, 0), (0, 0)]
+    assert len(fitted.get_feature_names_out()) == 0
+
+
+def test_sequence_dict_vectorizer_splits_any_sparse_output():
+    # A wrapped transformer giving COO (which cannot be sliced by rows)
+    # crashed with "'coo_matrix' object is not subscriptable".
+    from sklearn.preprocessing import FunctionTransformer
+
+    to_coo = FunctionTransformer(lambda m: m.tocoo(), accept_sparse=True)
+    vec = SequenceDictVectorizer(make_pipeline(DictVectorizer(), to_coo))
+    out = vec.fit_transform(TOKEN_DICTS)
+    reference = SequenceDictVectorizer().fit_transform(TOKEN_DICTS)
+    assert len(out) == len(reference)
+    for a, b in zip(out, reference, strict=True):
+        assert a.format == "csr"
+        np.testing.assert_array_equal(a.toarray(), b.toarray())
