@@ -1506,8 +1506,9 @@ def get_kernel(spec):
     ----------
     spec : str, Kernel or sklearn.gaussian_process.kernels.Kernel
         A name from :data:`KERNELS` (``"linear"``, ``"rbf"``; default
-        hyperparameters), a :class:`Kernel`, or a scikit-learn GP kernel
-        (wrapped in :class:`SklearnKernel`).
+        hyperparameters: :class:`~skgpstruct.GPStructClassifier` instead
+        starts the named kernels from its training data), a :class:`Kernel`,
+        or a scikit-learn GP kernel (wrapped in :class:`SklearnKernel`).
 
     Returns
     -------
