@@ -42,7 +42,7 @@ def canonical_csr(X, dtype=np.float64):
     return X
 
 
-def _without_stored_zeros(X):
+def without_stored_zeros(X):
     """A canonical CSR ``X`` without its explicitly stored zeros (a copy if
     it has any: the caller's matrix is never changed)."""
     if X.nnz and not X.data.all():
@@ -211,7 +211,7 @@ def check_sequence_features(X, *, name="X", n_features=None, allow_empty=False):
         # Stored zeros dropped: the same values in any storage (a BSR
         # matrix's blocks, zeros written into a CSR) give the same features,
         # and so the same layouts and random draws.
-        sequences = [_without_stored_zeros(canonical_csr(seq)) for seq in sequences]
+        sequences = [without_stored_zeros(canonical_csr(seq)) for seq in sequences]
         for i, seq in enumerate(sequences):
             _check_finite(seq.data, f"{name}[{i}]")
     widths = {seq.shape[1] for seq in sequences if seq.shape[0] > 0} or {

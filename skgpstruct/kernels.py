@@ -596,6 +596,11 @@ class Kernel(abc.ABC):
             Dense kernel matrix (``n_Y = n_X`` when ``Y`` is None).
         """
         X, Y = _check_inputs(X, Y)
+        n_y = X.shape[0] if Y is None else Y.shape[0]
+        if X.shape[0] == 0 or n_y == 0:
+            # No pair to evaluate (scikit-learn's stationary kernels gave a
+            # (1, 1) matrix for no rows).
+            return np.zeros((X.shape[0], n_y))
         return self._call(X, Y)
 
     def diag(self, X):
@@ -1173,23 +1178,29 @@ class RBFKernel(Kernel):
     def _hyperparameters(self):
         variance, length_scale = self._values()
         ls = np.atleast_1d(length_scale).astype(np.float64)
+        ls_bounds = _check_bounds(self.length_scale_bounds, "length_scale", ls.size)
+        if ls_bounds is not None and np.any(np.abs(np.log10(ls_bounds)) > 150):
+            # Else a theta within the bounds would give a kernel that refuses
+            # its own length scale (clone_with_theta, then any call).
+            raise ValueError(
+                "length_scale_bounds must lie within [1e-150, 1e150] (the "
+                "length scale's square must be a finite non-zero double), got "
+                f"{self.length_scale_bounds!r}"
+            )
         return [
             _Hyperparameter(
                 "variance", np.array([variance]),
                 _check_bounds(self.variance_bounds, "variance", 1), True,
             ),
-            _Hyperparameter(
-                "length_scale", ls,
-                _check_bounds(self.length_scale_bounds, "length_scale", ls.size),
-                not self.anisotropic,
-            ),
+            _Hyperparameter("length_scale", ls, ls_bounds, not self.anisotropic),
         ]
 
     def _set_hyperparameter(self, name, value):
         setattr(self, name, value)
 
-    def _scaled_inputs(self, X, Y, length_scale):
-        """Inputs divided by the ARD length scales (dense only)."""
+    def _check_ard_inputs(self, X, Y, length_scale):
+        """Refuse inputs ARD length scales cannot scale (sparse, or of
+        another number of features)."""
         if sp.issparse(X) or (Y is not None and sp.issparse(Y)):
             raise ValueError(
                 "RBFKernel with an array length_scale (ARD) needs dense X; got a "
@@ -1201,6 +1212,10 @@ class RBFKernel(Kernel):
                 f"length_scale has {length_scale.size} entries (ARD) but X has "
                 f"{X.shape[1]} features; give one length scale per feature"
             )
+
+    def _scaled_inputs(self, X, Y, length_scale):
+        """Inputs divided by the ARD length scales (dense only)."""
+        self._check_ard_inputs(X, Y, length_scale)
         return X / length_scale, None if Y is None else Y / length_scale
 
     def _scaled_sq_distances(self, X, Y, length_scale):
@@ -1222,8 +1237,8 @@ class RBFKernel(Kernel):
 
     def _diag(self, X):
         variance, length_scale = self._values()
-        if self.anisotropic and length_scale.size != X.shape[1]:
-            self._scaled_inputs(X, None, length_scale)  # raises the clear error
+        if self.anisotropic:  # the inputs __call__ would refuse
+            self._check_ard_inputs(X, None, length_scale)
         return np.full(X.shape[0], variance)
 
     def _gradient_vjp(self, X, Y, G):
@@ -1255,6 +1270,8 @@ class RBFKernel(Kernel):
 
     def _diag_gradient_vjp(self, X, g):
         variance, length_scale = self._values()
+        if self.anisotropic:  # the inputs __call__ would refuse
+            self._check_ard_inputs(X, None, length_scale)
         free_v, free_l = self._free_flags()
         grad_v = variance * g.sum() if free_v else 0.0
         grad_l = np.zeros(np.size(length_scale)) if free_l else 0.0

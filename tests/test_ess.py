@@ -372,6 +372,12 @@ def test_invalid_labels_and_offsets():
         sample_posterior(X, offsets, labels + 1, kernel, 2, n_iter=4)
     with pytest.raises(ValueError, match="offsets"):
         sample_posterior(X, np.array([0, 3]), labels, kernel, 2, n_iter=4)
+    # Not integers: they were cast (1.9 to 1, an offset 2.5 to 2) and the
+    # chain ran on other data.
+    with pytest.raises(ValueError, match="labels must be an array of integers"):
+        sample_posterior(X, offsets, labels + 0.9, kernel, 2, n_iter=4)
+    with pytest.raises(ValueError, match="offsets must be an array of integers"):
+        sample_posterior(X, offsets + 0.5 * (offsets % 2), labels, kernel, 2, n_iter=4)
 
 
 def test_verbose_prints_progress(capsys):
@@ -441,6 +447,30 @@ def test_conditional_samples():
     assert abs(corr - math.exp(-0.125)) < 0.05
     marginals = posterior.predict_marginals(
         far, far_offsets, conditional="sample", random_state=0
+    )
+    np.testing.assert_allclose(marginals.sum(axis=1), 1.0)
+
+
+def test_conditional_samples_at_training_tokens_are_the_conditional_mean():
+    # A test sequence equal to a training sequence (RBF, no jitter needed by
+    # the Gram matrix): the conditional covariance is zero up to rounding,
+    # which the Cholesky factor with its relative jitter refused
+    # (CholeskyError); the draw is the conditional mean.
+    rng = np.random.default_rng(0)
+    X = rng.standard_normal((40, 2))
+    offsets = np.array([0, 10, 25, 40])
+    labels = rng.integers(0, 3, 40)
+    posterior = sample_posterior(X, offsets, labels, RBFKernel(length_scale=3.0), 3,
+                                 n_iter=40, random_state=0)
+    assert posterior.jitter == 0.0
+    for test_offsets in (np.array([0, 10]), np.arange(11)):
+        drawn = posterior.predict_unary(
+            X[:10], offsets=test_offsets, conditional="sample", random_state=0
+        )
+        mean = posterior.predict_unary(X[:10], offsets=test_offsets)
+        np.testing.assert_allclose(drawn, mean, atol=1e-6)
+    marginals = posterior.predict_marginals(
+        X, np.arange(41), conditional="sample", random_state=0
     )
     np.testing.assert_allclose(marginals.sum(axis=1), 1.0)
 

@@ -1482,3 +1482,23 @@ def test_kl_pairwise_at_a_zero_or_infinite_std_is_not_finite_without_warnings():
         for std in (np.array([[0.0, 1.0]]), np.array([[np.inf, 1.0]])):
             kl, _, _, _ = kl_pairwise(np.zeros((1, 2)), std, 1.0)
             assert not np.isfinite(kl)
+
+
+def test_distinct_rows_compares_sparse_rows_by_value():
+    # A row stored with an explicit zero, with its entries given twice
+    # (summed) or unsorted is the same token as its canonical form (they
+    # counted as distinct tokens: repeated inducing inputs, a singular K_zz).
+    from skgpstruct.inference.inducing import distinct_rows
+
+    canonical = sp.csr_matrix(np.array([[1.0, 0.0, 2.0], [0.0, 1.0, 0.0]]))
+    variants = sp.csr_matrix(
+        (np.array([1.0, 0.0, 2.0, 0.5, 0.5, 1.5, 1.0]),
+         np.array([0, 1, 2, 1, 1, 2, 0]), np.array([0, 3, 5, 7])),
+        shape=(3, 3),
+    )  # rows: with a stored zero; 1 given twice; unsorted (1.5, 1.0)
+    assert not variants.has_canonical_format
+    rows = sp.vstack([canonical, variants], format="csr")
+    assert rows.nnz == 10  # every stored entry kept
+    dense = rows.toarray()
+    np.testing.assert_array_equal(distinct_rows(rows), distinct_rows(dense))
+    np.testing.assert_array_equal(distinct_rows(rows), [0, 1, 4])

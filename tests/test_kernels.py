@@ -231,6 +231,18 @@ def test_all_zero_and_empty_inputs(fmt):
         assert kernel.diag(as_format(Z[:0], fmt)).shape == (0,)
 
 
+@pytest.mark.parametrize(("factory", "supports_sparse"), ALL_CASES)
+def test_no_rows_give_empty_matrices(rng, factory, supports_sparse):
+    # Every kernel, scikit-learn's wrapped ones included (their stationary
+    # kernels gave a (1, 1) matrix for no rows).
+    X, _ = data(rng)
+    kernel = factory()
+    assert kernel(X[:0]).shape == (0, 0)
+    assert kernel(X[:0], X).shape == (0, X.shape[0])
+    assert kernel(X, X[:0]).shape == (X.shape[0], 0)
+    assert kernel.diag(X[:0]).shape == (0,)
+
+
 def test_integer_and_list_inputs(rng):
     X = rng.integers(0, 2, size=(4, 3))
     np.testing.assert_allclose(
@@ -892,3 +904,30 @@ def test_rbf_length_scale_whose_square_overflows_is_refused(length_scale):
     # 1e-300 was a ZeroDivisionError, 1e300 an OverflowError.
     with pytest.raises(ValueError, match=r"within \[1e-150, 1e150\]"):
         RBFKernel(length_scale=length_scale)(np.ones((2, 2)))
+
+
+@pytest.mark.parametrize("bounds", [(1e-5, 1e200), (1e-200, 1.0)])
+def test_rbf_length_scale_bounds_within_the_usable_range(bounds):
+    # Such bounds were accepted, and a theta inside them gave a kernel that
+    # refused its own length scale (clone_with_theta, then any call).
+    kernel = RBFKernel(length_scale=1.0, length_scale_bounds=bounds)
+    with pytest.raises(ValueError, match=r"length_scale_bounds must lie within "
+                       r"\[1e-150, 1e150\]"):
+        _ = kernel.bounds
+    ok = RBFKernel(length_scale_bounds=(1e-150, 1e150))
+    low, high = ok.bounds[1]
+    for theta in ([0.0, low], [0.0, high]):
+        np.testing.assert_allclose(ok.clone_with_theta(np.array(theta)).theta, theta)
+
+
+def test_rbf_ard_diagonals_refuse_what_the_matrix_refuses():
+    # diag_gradient_vjp answered for inputs of another width, and both
+    # diagonal methods for sparse inputs, which __call__ refuses under ARD.
+    ard = RBFKernel(length_scale=[1.0, 2.0])
+    X = np.ones((4, 3))
+    for method in (ard.diag, lambda Z: ard.diag_gradient_vjp(Z, np.ones(4))):
+        with pytest.raises(ValueError, match="length_scale has 2 entries"):
+            method(X)
+        with pytest.raises(ValueError, match=r"\(ARD\) needs dense X"):
+            method(sp.csr_matrix(X[:, :2]))
+    np.testing.assert_array_equal(ard.diag(X[:, :2]), np.ones(4))

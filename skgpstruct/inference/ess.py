@@ -442,16 +442,11 @@ def sample_posterior(
     if X.ndim != 2:
         raise ValueError(f"X must be 2-D (n_tokens, n_features), got shape {X.shape}")
     n_tokens = X.shape[0]
-    labels = np.ascontiguousarray(labels, dtype=np.int64)
-    offsets = np.ascontiguousarray(offsets, dtype=np.int64)
-    if labels.shape != (n_tokens,):
-        raise ValueError(
-            f"labels must have shape (n_tokens,) = ({n_tokens},), got {labels.shape}"
-        )
     if n_tokens == 0:
         raise ValueError("X has no tokens")
-    if labels.min() < 0 or labels.max() >= n_classes:
-        raise ValueError(f"labels must lie in [0, {n_classes})")
+    # The chain's own checks: integers only (1.9 was cast to 1), in range.
+    labels = chain._check_labels(labels, n_tokens, n_classes)
+    offsets = chain._check_offsets(offsets, n_tokens)
     n_iter, burn_in, thin, n_kept = check_chain_size(
         n_tokens, n_classes, n_iter, burn_in, thin, memory_limit
     )
@@ -526,6 +521,18 @@ def sample_posterior(
 # --------------------------------------------------------------------------
 # The posterior samples and prediction
 # --------------------------------------------------------------------------
+
+
+def _psd_root(cov):
+    """``R`` with ``R @ R.T == cov`` for a symmetric positive semi-definite
+    ``cov``: eigenvalues that rounding left below zero count as zero.
+
+    A conditional covariance at tokens equal to training tokens is zero up
+    to rounding (the draw is then the conditional mean): too degenerate for
+    a Cholesky factor, whose jitter scales with the matrix's own diagonal.
+    """
+    eigenvalues, vectors = np.linalg.eigh(cov)
+    return vectors * np.sqrt(np.clip(eigenvalues, 0.0, None))
 
 
 class ESSPosterior:
@@ -637,7 +644,7 @@ class ESSPosterior:
             cov = self.kernel(X_block[t0:t1])
             cov -= q[:, t0:t1].T @ q[:, t0:t1]
             cov[np.diag_indices_from(cov)] += self.jitter
-            root, _ = jitter_cholesky(cov, name="the conditional covariance f_* | f")
+            root = _psd_root(cov)
             z = rng.standard_normal((t1 - t0, S * V))
             noise[:, t0:t1, :] = (root @ z).reshape(t1 - t0, S, V).transpose(1, 0, 2)
         return noise

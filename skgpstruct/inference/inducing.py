@@ -7,7 +7,7 @@ import scipy.sparse as sp
 from scipy import linalg
 
 from .._linalg import cholesky_backward, jitter_cholesky
-from .._sequences import canonical_csr
+from .._sequences import canonical_csr, without_stored_zeros
 
 __all__ = [
     "distinct_rows",
@@ -34,13 +34,14 @@ def distinct_rows(X):
     indices : ndarray of int64, sorted
     """
     if sp.issparse(X):
+        # Compared by value: canonical (sorted, duplicates summed), without
+        # stored zeros (which include -0.0).
+        X = without_stored_zeros(canonical_csr(X))
         seen = {}
         indptr, indices, data = X.indptr, X.indices, X.data
         for row in range(X.shape[0]):
             lo, hi = indptr[row], indptr[row + 1]
-            order = np.argsort(indices[lo:hi], kind="stable")
-            key = (indices[lo:hi][order].tobytes(), data[lo:hi][order].tobytes())
-            seen.setdefault(key, row)
+            seen.setdefault((indices[lo:hi].tobytes(), data[lo:hi].tobytes()), row)
         return np.sort(np.fromiter(seen.values(), dtype=np.int64))
     _, first = np.unique(X, axis=0, return_index=True)
     return np.sort(first.astype(np.int64))
