@@ -667,3 +667,33 @@ def test_early_stopping_needs_sequences_left_to_fit(data):
         GPStructClassifier(
             optimizer="stochastic", early_stopping=True, validation_fraction=0.5,
         ).fit(X[:1], y[:1])
+
+
+@pytest.mark.parametrize("fit", ["fit", "partial_fit"])
+def test_diverging_steps_name_the_learning_rate(data, fit):
+    # learning_rate=100 ran the parameters into NaN, and the fit failed
+    # inside the kernel ("theta must be finite, got [nan nan]").
+    X, y, _, _ = data
+    model = GPStructClassifier(
+        optimizer="stochastic", learning_rate=100.0, max_iter=5, random_state=0
+    )
+    args = (X, y) if fit == "fit" else (X, y, [0, 1, 2])
+    with pytest.raises(ValueError, match=r"optimizer='stochastic' diverged \(the "
+                       r"stochastic gradient is not finite at step \d+ \(epoch 1\).*"
+                       r"learning_rate=100.0 is too large"):
+        getattr(model, fit)(*args)
+
+
+def test_maximize_saga_refuses_a_non_finite_direction():
+    from skgpstruct.optim.saga import SAGADiverged, maximize_saga
+
+    def item(i, step, x):
+        grad = np.full(x.size, np.inf if step == 3 else 1.0)
+        return 0.0, grad.copy(), grad
+
+    with pytest.raises(SAGADiverged, match="not finite at step 3"):
+        maximize_saga(
+            item, lambda record, x: record, lambda x: (0.0, np.zeros(x.size)),
+            np.zeros(2), 2, step_size=0.1, max_epochs=5,
+            rng=np.random.default_rng(0),
+        )

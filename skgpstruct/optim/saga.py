@@ -57,7 +57,7 @@ import numpy as np
 from .._vectors import adam_ascent_step
 from .box import bound_arrays
 
-__all__ = ["SAGAResult", "SparseGradient", "maximize_saga"]
+__all__ = ["SAGADiverged", "SAGAResult", "SparseGradient", "maximize_saga"]
 
 #: Without a held-out score, the point returned is the average of the
 #: epochs' end points, weighted exponentially over about this many epochs
@@ -150,6 +150,10 @@ class SAGAResult:
     best_epoch: int = 0
 
 
+class SAGADiverged(FloatingPointError):
+    """:func:`maximize_saga`'s steps ran the objective into overflow."""
+
+
 def maximize_saga(
     item_value_and_grad,
     expand,
@@ -210,6 +214,12 @@ def maximize_saga(
     result : SAGAResult
         With an extra attribute ``state`` holding the stored gradients and
         Adam moments.
+
+    Raises
+    ------
+    SAGADiverged
+        When a step's direction is not finite (steps too large for the
+        objective): ``x`` would become NaN.
     """
     rng = np.random.default_rng() if rng is None else rng
     x = np.array(x0, dtype=np.float64)
@@ -261,6 +271,11 @@ def maximize_saga(
             np.add(total, exact_grad, out=direction)
             _add_scaled(direction, delta, n_items)
             _add_scaled(total, delta)
+            if not np.isfinite(direction).all():
+                raise SAGADiverged(
+                    f"the stochastic gradient is not finite at step {state['t']} "
+                    f"(epoch {epoch}): the steps diverged"
+                )
             item_values[i], drawn[i] = value, True
             adam_ascent_step(
                 x, state["m"], state["v"], direction, rate, beta1, beta2, eps,
