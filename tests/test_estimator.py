@@ -1505,6 +1505,32 @@ def test_collapsed_fit_is_the_same_for_dense_and_sparse_input(lone_data):
     assert_same_fit(sparse_fit, dense_fit)
 
 
+def test_continued_fits_keep_the_feature_mean_they_started_with():
+    # partial_fit pieces and warm-started fits continue in the coordinates
+    # of the fit they continue: the mean of the first piece, not of the new
+    # data (the posterior would otherwise be read on other features).
+    X, y = make_sequences(40, n_classes=3, random_state=0)
+    shifted = [x + 5.0 for x in X]
+    model = GPStructClassifier(max_iter=5, random_state=0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ConvergenceWarning)
+        model.partial_fit(shifted[:20], y[:20], classes=[0, 1, 2])
+        first = model.feature_mean_.copy()
+        np.testing.assert_allclose(first, np.vstack(shifted[:20]).mean(axis=0))
+        model.partial_fit(shifted[20:], y[20:])
+        np.testing.assert_array_equal(model.feature_mean_, first)
+        warm = GPStructClassifier(max_iter=5, warm_start=True, random_state=0)
+        warm.fit(shifted[:20], y[:20])
+        kept = warm.feature_mean_.copy()
+        warm.fit(shifted[20:], y[20:])
+        np.testing.assert_array_equal(warm.feature_mean_, kept)
+        fresh = GPStructClassifier(max_iter=5, random_state=0).fit(shifted[20:], y[20:])
+    np.testing.assert_allclose(
+        fresh.feature_mean_, np.vstack(shifted[20:]).mean(axis=0)
+    )
+    assert model.score(shifted, y) > 0.8
+
+
 def test_median_distance_against_pdist():
     # The length-scale start of "rbf": the median distance between distinct
     # tokens (scipy's pdist here), the same for sparse rows, 1 when every
