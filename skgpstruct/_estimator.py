@@ -297,6 +297,35 @@ def _warn_at_bounds(kernel):
         )
 
 
+#: A shared offset of dense features this many times their spread (squared
+#: norms) is reported under a linear kernel object (used as given).
+OFFSET_WARNING_RATIO = 10.0
+
+
+def _warn_shared_offset(X_all, kernel):
+    """UserWarning for dense features far from the origin under a linear
+    kernel given as an object: its diagonal posterior ties every weight to
+    the offset, and fits learned to ignore the features (one label)."""
+    if not isinstance(kernel, LinearKernel | GroupedLinearKernel):
+        return
+    with np.errstate(over="ignore", invalid="ignore"):
+        mean = X_all.mean(axis=0)
+        offset = float(mean @ mean)
+        spread = float(np.mean(np.einsum("ij,ij->i", X_all, X_all))) - offset
+    if np.isfinite(offset) and offset > OFFSET_WARNING_RATIO * max(spread, 0.0):
+        warnings.warn(
+            "X's dense features share an offset (the mean token's squared "
+            f"norm, {offset:.3g}, is over {OFFSET_WARNING_RATIO:g} times their "
+            f"spread around it, {spread:.3g}). A linear kernel given as an "
+            "object uses the features as given, and the diagonal posterior "
+            "then ties every weight to the offset (the fit may learn to "
+            "ignore the features): centre them (StandardScaler), or pass "
+            "kernel='linear', which centres dense features",
+            UserWarning,
+            stacklevel=4,
+        )
+
+
 def _check_potentials(unary, pairwise, offsets, X_c, kind):
     """Refuse, naming X, potentials the chain cannot take (not finite, or
     paths beyond the chain's magnitude limit): X far off the training
@@ -985,6 +1014,8 @@ GroupedLinearKernel`: automatic relevance determination per group).
             kernel, inducing = self.kernel_, self.inducing_
         else:
             kernel = self._initial_kernel(X_all, is_sparse)
+            if not is_sparse and feature_mean is None:
+                _warn_shared_offset(X_all, kernel)
             inducing = self._make_inducing(X_all, kernel, rng)
         # The fit's own inducing variables: the lone features collapsed, or
         # the same as the model's.

@@ -1531,6 +1531,30 @@ def test_continued_fits_keep_the_feature_mean_they_started_with():
     assert model.score(shifted, y) > 0.8
 
 
+def test_linear_kernel_object_warns_of_a_shared_offset():
+    # A LinearKernel object uses dense features as given: moved by 10, the
+    # fit predicted one label (0.332) with no word; it now warns, naming
+    # the remedies. No warning as given, by name (centred) or sparse.
+    X, y = make_sequences(n_sequences=20, random_state=0)
+    moved = [x + 10 for x in X]
+    params = {"max_iter": 3, "random_state": 0}
+    with pytest.warns(UserWarning, match=r"X's dense features share an offset "
+                      r"\(the mean token's squared norm, .* kernel='linear', "
+                      "which centres dense features"):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", ConvergenceWarning)
+            GPStructClassifier(kernel=LinearKernel(), **params).fit(moved, y)
+    for kernel, data in (
+        (LinearKernel(), X), ("linear", moved),
+        (LinearKernel(), [sp.csr_matrix(x) for x in moved]),
+    ):
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", UserWarning)
+            # (ConvergenceWarning is a UserWarning: this filter comes first.)
+            warnings.simplefilter("ignore", ConvergenceWarning)
+            GPStructClassifier(kernel=kernel, **params).fit(data, y)
+
+
 def test_median_distance_against_pdist():
     # The length-scale start of "rbf": the median distance between distinct
     # tokens (scipy's pdist here), the same for sparse rows, 1 when every
