@@ -34,6 +34,7 @@ from .inference.inducing import (
     InducingFeatures,
     InducingPoints,
     Projection,
+    distinct_rows,
     select_inducing_points,
 )
 from .inference.posterior import ParameterLayout, VariationalParameters
@@ -351,13 +352,22 @@ MEDIAN_DISTANCE_TOKENS = 1000
 
 def _median_distance(X_all):
     """Median Euclidean distance between distinct training tokens (at most
-    ``MEDIAN_DISTANCE_TOKENS``, evenly spaced: no random numbers drawn), or
-    1 when every token is the same."""
-    n = X_all.shape[0]
-    rows = np.unique(np.linspace(0, n - 1, min(n, MEDIAN_DISTANCE_TOKENS)).astype(int))
+    ``MEDIAN_DISTANCE_TOKENS`` of them, evenly spaced: no random numbers
+    drawn), or 1 when every token is the same.
+
+    Repeated tokens are left out before the distances: the distance between
+    two equal rows, computed from inner products, is rounding noise (1e-8
+    rather than 0), and a token repeated over most of the data made it the
+    median.
+    """
+    distinct = distinct_rows(X_all)
+    n = distinct.size
+    rows = distinct[
+        np.unique(np.linspace(0, n - 1, min(n, MEDIAN_DISTANCE_TOKENS)).astype(int))
+    ]
     d2 = _checked_sq_distances(_sq_distances(X_all[rows], None))
     d2 = d2[np.triu_indices(len(rows), 1)]
-    d2 = d2[d2 > 0]
+    d2 = d2[d2 > 0]  # distinct rows so close that rounding made them equal
     return float(np.sqrt(np.median(d2))) if d2.size else 1.0
 
 

@@ -164,7 +164,7 @@ def check_sequence_features(X, *, name="X", n_features=None, allow_empty=False):
     if len(X) == 0 and not allow_empty:
         raise ValueError(f"{name} contains no sequences; at least one is required")
     sequences = []
-    kinds = set()
+    kinds, empty_kinds = set(), set()  # formats of non-empty and empty ones
     for i, seq in enumerate(X):
         if sp.issparse(seq):
             if seq.dtype.kind not in "biuf":
@@ -174,7 +174,7 @@ def check_sequence_features(X, *, name="X", n_features=None, allow_empty=False):
                 )
             seq = _as_csr(seq, f"{name}[{i}]")
             values = None  # checked once canonical, below
-            kinds.add("sparse")
+            (kinds if seq.shape[0] else empty_kinds).add("sparse")
         else:
             kind = getattr(seq, "dtype", np.asarray(seq).dtype).kind
             if kind in "USc":
@@ -197,7 +197,7 @@ def check_sequence_features(X, *, name="X", n_features=None, allow_empty=False):
                 )
             seq = np.ascontiguousarray(seq)
             values = seq
-            kinds.add("dense")
+            (kinds if seq.shape[0] else empty_kinds).add("dense")
         if values is not None:
             _check_finite(values, f"{name}[{i}]")
         sequences.append(seq)
@@ -206,7 +206,15 @@ def check_sequence_features(X, *, name="X", n_features=None, allow_empty=False):
             f"{name} mixes dense and sparse sequences; give all sequences in "
             "one format"
         )
-    if kinds == {"sparse"}:
+    # A zero-length sequence (``[]``, a (0, n) array or matrix) takes the
+    # format of the others; if all are empty, sparse only if all were.
+    is_sparse = kinds == {"sparse"} or (not kinds and empty_kinds == {"sparse"})
+    sequences = [
+        s if s.shape[0] or sp.issparse(s) == is_sparse
+        else (sp.csr_matrix(s.shape) if is_sparse else np.zeros(s.shape))
+        for s in sequences
+    ]
+    if is_sparse:
         _check_csr_structure(sequences, name)
         # Stored zeros dropped: the same values in any storage (a BSR
         # matrix's blocks, zeros written into a CSR) give the same features,
@@ -232,11 +240,10 @@ def check_sequence_features(X, *, name="X", n_features=None, allow_empty=False):
         # Zero-length sequences may carry a placeholder width (``[]``).
         sequences = [
             s if s.shape[0] > 0 or s.shape[1] == width
-            else (np.zeros((0, width)) if not sp.issparse(s)
-                  else sp.csr_matrix((0, width)))
+            else (sp.csr_matrix((0, width)) if is_sparse else np.zeros((0, width)))
             for s in sequences
         ]
-    return sequences, kinds == {"sparse"}
+    return sequences, is_sparse
 
 
 _DTYPE_KINDS = {"U": "string", "S": "bytes", "b": "number", "i": "number",
@@ -244,6 +251,8 @@ _DTYPE_KINDS = {"U": "string", "S": "bytes", "b": "number", "i": "number",
 
 
 def _label_kind(value):
+    if isinstance(value, np.generic):  # np.bool_ is no numbers.Number
+        return _DTYPE_KINDS.get(value.dtype.kind, type(value).__name__)
     if isinstance(value, str):
         return "string"
     if isinstance(value, bytes | bytearray):

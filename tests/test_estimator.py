@@ -1555,6 +1555,36 @@ def test_linear_kernel_object_warns_of_a_shared_offset():
             GPStructClassifier(kernel=kernel, **params).fit(data, y)
 
 
+def test_bool_labels_in_any_container_are_one_type():
+    # np.bool_ is no numbers.Number: lists of NumPy booleans beside bool
+    # arrays were refused as "mixed types (bool, number)".
+    X, y = make_sequences(12, n_classes=2, random_state=0)
+    as_bool = [np.asarray(s, dtype=bool) for s in y]
+    mixed = [s if i % 2 else list(s) for i, s in enumerate(as_bool)]
+    mixed[1] = [np.True_, False, *as_bool[1][2:]]
+    params = {**FAST, "max_iter": 3}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ConvergenceWarning)
+        model = GPStructClassifier(**params).fit(X, mixed)
+        assert model.classes_.dtype == bool
+        GPStructClassifier(**params).partial_fit(
+            X, as_bool, classes=[np.False_, np.True_]
+        )
+
+
+@pytest.mark.parametrize("empty", [lambda: [], lambda: np.zeros((0, N_FEATURES))],
+                         ids=["[]", "zeros(0,F)"])
+def test_zero_length_sequences_take_the_format_of_sparse_data(data, empty):
+    # They were "dense" and refused beside sparse sequences ("X mixes dense
+    # and sparse sequences"), in fit and in predict.
+    X, y, X_test, y_test = data
+    X = [sp.csr_matrix(x) for x in X]
+    model = GPStructClassifier(**FAST).fit([empty()] + X, [[]] + y)
+    predicted = model.predict([empty()] + [sp.csr_matrix(x) for x in X_test])
+    assert predicted[0].shape == (0,)
+    assert_clearly_better_than_chance(y_test, predicted[1:])
+
+
 def test_median_distance_against_pdist():
     # The length-scale start of "rbf": the median distance between distinct
     # tokens (scipy's pdist here), the same for sparse rows, 1 when every
@@ -1563,14 +1593,22 @@ def test_median_distance_against_pdist():
 
     rng = np.random.default_rng(0)
     Z = rng.standard_normal((50, 4)) * (rng.random((50, 4)) < 0.6)
-    Z[10] = Z[11]  # a repeated token: its zero distance is left out
-    d = pdist(Z)
-    expected = np.median(d[d > 0])
+    Z[10] = Z[11]  # a repeated token: counted once
+    expected = np.median(pdist(np.unique(Z, axis=0)))
     assert estimator_module._median_distance(Z) == pytest.approx(expected)
     assert estimator_module._median_distance(sp.csr_matrix(Z)) == pytest.approx(
         expected
     )
     assert estimator_module._median_distance(np.ones((5, 3))) == 1.0
+    # A token repeated over most of the data: the distances between its
+    # copies, computed from inner products, are rounding noise (about 1e-8,
+    # not 0), which made them the median (4.2e-08 instead of 18.5 here).
+    points = np.random.default_rng(0).standard_normal((3, 20)) * 3 + 5
+    repeated = np.repeat(points, [800, 50, 50], axis=0)
+    repeated = repeated - repeated.mean(axis=0)  # centred, as the estimator does
+    assert estimator_module._median_distance(repeated) == pytest.approx(
+        np.median(pdist(np.unique(repeated, axis=0)))
+    )
     big = rng.standard_normal((2500, 2))
     rows = np.unique(np.linspace(0, 2499, 1000).astype(int))
     assert estimator_module._median_distance(big) == pytest.approx(
