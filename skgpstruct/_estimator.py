@@ -420,7 +420,7 @@ class GPStructClassifier(BaseEstimator):
         (with small features, a mean squared norm below 1, half of it on
         the features and the variance's bounds moved with its start); for
         ``"rbf"`` the length scale starts at the median distance between
-        training tokens, its bounds moved with it. Under both, dense
+        distinct training tokens, its bounds moved with it. Under both, dense
         features are centred on their training mean (``feature_mean_``).
         A kernel object is used as given, on the features as given.
     n_inducing : int, default=500
@@ -1325,8 +1325,8 @@ GroupedLinearKernel`: automatic relevance determination per group).
                 bias_bounds=(1e-5 * mean_sq, 1e5 * mean_sq),
             )
         if isinstance(self.kernel, str) and self.kernel == "rbf":
-            # The length scale starts at the median distance between training
-            # tokens, its range moved with it: the same fit at any scale of
+            # The length scale starts at the median distance between distinct
+            # training tokens, its range moved with it: the same fit at any scale of
             # the features (from 1, features scaled by 1e-4 or 1e3 gave a
             # kernel that saw all tokens alike or all apart, and a fit at
             # chance level).
