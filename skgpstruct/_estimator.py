@@ -301,18 +301,36 @@ def _warn_at_bounds(kernel):
 #: A shared offset of dense features this many times their spread (squared
 #: norms) is reported under a linear kernel object (used as given).
 OFFSET_WARNING_RATIO = 10.0
+#: Under a linear kernel object, dense features whose potentials' prior
+#: variance starts below this are reported (make_sequences scaled by 0.01,
+#: 4.6e-4, gave a fit that ignored the features; by 0.03, 4.1e-3, fitted).
+SMALL_PRIOR_VARIANCE = 1e-3
 
 
-def _warn_shared_offset(X_all, kernel):
-    """UserWarning for dense features far from the origin under a linear
-    kernel given as an object: its diagonal posterior ties every weight to
-    the offset, and fits learned to ignore the features (one label)."""
+def _warn_linear_kernel_object(X_all, kernel):
+    """UserWarnings for dense features a linear kernel given as an object
+    (used as given) does not suit, where fits learned to ignore the features
+    and predicted one label: a shared offset (its diagonal posterior ties
+    every weight to it), or features too small for the kernel's start."""
     if not isinstance(kernel, LinearKernel | GroupedLinearKernel):
         return
     with np.errstate(over="ignore", invalid="ignore"):
         mean = X_all.mean(axis=0)
         offset = float(mean @ mean)
-        spread = float(np.mean(np.einsum("ij,ij->i", X_all, X_all))) - offset
+        mean_sq = float(np.mean(np.einsum("ij,ij->i", X_all, X_all)))
+        spread = mean_sq - offset
+    start = float(np.max(kernel.variance)) * mean_sq
+    if np.isfinite(start) and start < SMALL_PRIOR_VARIANCE:
+        warnings.warn(
+            "X's dense features are small for the linear kernel given as an "
+            "object: a token's potential starts with a prior standard "
+            f"deviation of {np.sqrt(start):.3g} from them (the fit may learn "
+            "to ignore the features): standardise them (StandardScaler), "
+            "start the kernel's variance higher, or pass kernel='linear', "
+            "which adapts to their scale",
+            UserWarning,
+            stacklevel=4,
+        )
     if np.isfinite(offset) and offset > OFFSET_WARNING_RATIO * max(spread, 0.0):
         warnings.warn(
             "X's dense features share an offset (the mean token's squared "
@@ -1025,7 +1043,7 @@ GroupedLinearKernel`: automatic relevance determination per group).
         else:
             kernel = self._initial_kernel(X_all, is_sparse)
             if not is_sparse and feature_mean is None:
-                _warn_shared_offset(X_all, kernel)
+                _warn_linear_kernel_object(X_all, kernel)
             inducing = self._make_inducing(X_all, kernel, rng)
         # The fit's own inducing variables: the lone features collapsed, or
         # the same as the model's.

@@ -1531,7 +1531,7 @@ def test_continued_fits_keep_the_feature_mean_they_started_with():
     assert model.score(shifted, y) > 0.8
 
 
-def test_linear_kernel_object_warns_of_a_shared_offset():
+def test_linear_kernel_object_warns_of_features_it_does_not_suit():
     # A LinearKernel object uses dense features as given: moved by 10, the
     # fit predicted one label (0.332) with no word; it now warns, naming
     # the remedies. No warning as given, by name (centred) or sparse.
@@ -1544,8 +1544,19 @@ def test_linear_kernel_object_warns_of_a_shared_offset():
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", ConvergenceWarning)
             GPStructClassifier(kernel=LinearKernel(), **params).fit(moved, y)
+    # Features scaled by 0.01 start the kernel object's potentials with a
+    # prior sd of 0.02: that fit ignored the features too (0.332).
+    with pytest.warns(UserWarning, match=r"X's dense features are small for the "
+                      r"linear kernel given as an object: .* prior standard "
+                      r"deviation of 0\.02"):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", ConvergenceWarning)
+            GPStructClassifier(kernel=LinearKernel(), **params).fit(
+                [0.01 * x for x in X], y
+            )
     for kernel, data in (
-        (LinearKernel(), X), ("linear", moved),
+        (LinearKernel(), X), ("linear", moved), ("linear", [0.01 * x for x in X]),
+        (LinearKernel(), [0.03 * x for x in X]),
         (LinearKernel(), [sp.csr_matrix(x) for x in moved]),
     ):
         with warnings.catch_warnings():
