@@ -44,10 +44,12 @@ from .kernels import (
     LinearKernel,
     RBFKernel,
     _checked_sq_distances,
+    _row_sq_norms,
     _sq_distances,
     check_kernel,
 )
 from .likelihoods import ChainCRF, get_likelihood
+from .likelihoods.base import _checked
 from .optim.lbfgs import (
     NonFiniteStart,
     OptimizationResult,
@@ -317,7 +319,7 @@ def _warn_linear_kernel_object(X_all, kernel):
     with np.errstate(over="ignore", invalid="ignore"):
         mean = X_all.mean(axis=0)
         offset = float(mean @ mean)
-        mean_sq = float(np.mean(np.einsum("ij,ij->i", X_all, X_all)))
+        mean_sq = float(np.mean(_row_sq_norms(X_all)))
         spread = mean_sq - offset
     start = float(np.max(kernel.variance)) * mean_sq
     if np.isfinite(start) and start < SMALL_PRIOR_VARIANCE:
@@ -1307,11 +1309,7 @@ GroupedLinearKernel`: automatic relevance determination per group).
         if isinstance(self.kernel, str) and self.kernel == "linear":
             # Prior sd of a training token's potential starts at 1.
             with np.errstate(over="ignore"):  # refused below
-                x_sq = np.asarray(
-                    X_all.multiply(X_all).sum(axis=1) if is_sparse
-                    else np.sum(X_all * X_all, axis=1)
-                ).ravel()
-                mean_sq = float(np.mean(x_sq))
+                mean_sq = float(np.mean(_row_sq_norms(X_all)))
             if not np.isfinite(mean_sq):
                 raise ValueError(
                     "X's values are too large: their squares overflow (largest "
@@ -1775,17 +1773,16 @@ GroupedLinearKernel`: automatic relevance determination per group).
         """The transitions the chain decodes with (the likelihood says how),
         checked: a user's likelihood may return anything."""
         likelihood = get_likelihood(self.likelihood)
-        out = np.asarray(likelihood.decoding_pairwise(pairwise))
-        if out.shape != pairwise.shape or out.dtype.kind not in "biuf":
-            problem = f"an array of dtype {out.dtype} and shape {out.shape}"
-        elif not np.all(np.isfinite(out)):
-            problem = "NaN or infinite values"
-        else:
-            return out.astype(np.float64, copy=False)
-        raise ValueError(
-            f"{likelihood!r}.decoding_pairwise must return finite real "
-            f"transitions of shape {pairwise.shape}; got {problem}"
+        out = _checked(
+            likelihood, "transition matrix", likelihood.decoding_pairwise(pairwise),
+            pairwise.shape, where=" from decoding_pairwise",
         )
+        if not np.all(np.isfinite(out)):
+            raise ValueError(
+                f"{likelihood!r} returned NaN or infinite transitions from "
+                "decoding_pairwise"
+            )
+        return out.astype(np.float64, copy=False)
 
     def _project(self, X_c, offsets):
         return self.inducing_.project(

@@ -1632,8 +1632,12 @@ def test_rbf_by_name_fits_features_at_any_scale():
     # that saw every token alike (or apart) and a fit at chance level
     # (0.207 on this data). "rbf" starts at the median distance between
     # training tokens, its bounds moved with it, and centres dense features.
+    from scipy.spatial.distance import pdist
+
     X, y = make_sequences(80, n_classes=5, n_features=10, random_state=0)
-    X_train, y_train, X_test, y_test = X[:60], y[:60], X[60:], y[60:]
+    X_train, y_train, X_test, y_test = X[:55], y[:55], X[55:], y[55:]
+    tokens = np.vstack(X_train)
+    assert len(np.unique(tokens, axis=0)) <= estimator_module.MEDIAN_DISTANCE_TOKENS
     starts = {}
     for scale, shift in ((1.0, 0.0), (1e-4, 0.0), (1e3, 0.0), (1.0, 1e4)):
         A = [scale * x + shift for x in X_train]
@@ -1643,11 +1647,13 @@ def test_rbf_by_name_fits_features_at_any_scale():
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", ConvergenceWarning)
             start.fit(A, y_train)
-        median = estimator_module._median_distance(np.vstack(A) - np.vstack(A).mean(0))
+        # Every pair of distinct training tokens (fewer than the cap here).
+        median = scale * np.median(pdist(np.unique(tokens, axis=0)))
         starts[scale, shift] = start.kernel_.length_scale
-        assert starts[scale, shift] == pytest.approx(median)
+        assert starts[scale, shift] == pytest.approx(median, rel=1e-6)
         np.testing.assert_allclose(
-            start.kernel_.length_scale_bounds, (1e-5 * median, 1e5 * median)
+            start.kernel_.length_scale_bounds, (1e-5 * median, 1e5 * median),
+            rtol=1e-6,
         )
         model = GPStructClassifier(kernel="rbf", n_inducing=40, random_state=0)
         model.fit(A, y_train)

@@ -694,10 +694,13 @@ def test_subclass_claiming_a_gradient_it_does_not_implement(data):
 
 @pytest.mark.parametrize(
     ("decode", "message"),
-    [(lambda p: p * np.nan, "got NaN or infinite values"),
-     (lambda p: p[..., :-1],
-      r"got an array of dtype float64 and shape \((32, )?3, 2\)"),
-     (lambda p: np.full(p.shape, "x"), "got an array of dtype <U1")],
+    [(lambda p: p * np.nan, "returned NaN or infinite transitions from "
+      "decoding_pairwise"),
+     (lambda p: p[..., :-1], r"returned a transition matrix of dtype float64 and "
+      r"shape \((32, )?3, 2\) from decoding_pairwise; expected real numbers of "
+      r"shape \((32, )?3, 3\)"),
+     (lambda p: np.full(p.shape, "x"), "returned a transition matrix of dtype "
+      "<U1")],
     ids=["NaN", "shape", "strings"],
 )
 def test_bad_decoding_transitions_name_the_likelihood(data, decode, message):
@@ -710,7 +713,5 @@ def test_bad_decoding_transitions_name_the_likelihood(data, decode, message):
     X, y, X_test, _ = data
     model = GPStructClassifier(likelihood=Decodes(), **FAST).fit(X, y)
     for method in (model.predict, model.predict_marginals):
-        with pytest.raises(ValueError, match=r"Decodes\(\)\.decoding_pairwise "
-                           r"must return finite real transitions of shape "
-                           rf"\((32, )?3, 3\); {message}"):
+        with pytest.raises(ValueError, match=rf"Decodes\(\) {message}"):
             method(X_test)
