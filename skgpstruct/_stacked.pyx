@@ -43,7 +43,8 @@ instructions. Double precision is there for the finite-difference tests of
 the gradients. What leaves the kernels is double either way: the samples
 ``out`` (for the forward-backward recursions), the gradient ``g`` read back
 from them, and the sums ``d_cm`` and ``d_cs``, which collect a feature's
-entries over the whole chunk.
+entries over the whole chunk; the backward pass also sums each token's
+gradient over the samples in double precision.
 Every function trusts its caller for shapes, dtypes and index ranges
 (``skgpstruct.inference.terms`` builds the arrays) and runs without the GIL.
 """
@@ -202,27 +203,38 @@ def backward(
     cdef Py_ssize_t V = xi.shape[3], KV = K * V, n_drawn = eps.shape[0]
     # g per token as (K * V * S), the layout of a drawn row's noise.
     cdef floating[:, ::1] g_t = np.empty((T, KV * S), dtype=_dtype(<floating>0))
-    cdef floating[::1] g_sum = np.empty(KV, dtype=_dtype(<floating>0))
-    cdef floating[::1] g_xi = np.empty(KV, dtype=_dtype(<floating>0))
+    # Per-token sums over the samples, accumulated in double precision.
+    cdef double[::1] g_sum = np.empty(KV)
+    cdef double[::1] g_xi = np.empty(KV)
     cdef floating[::1] row_g_buffer = np.empty(KV * S, dtype=_dtype(<floating>0))
     cdef floating* row_g = &row_g_buffer[0]
     cdef const floating* row
     cdef Py_ssize_t t, j, k, v, kv, s, n
     cdef int64_t m, i
     cdef floating u, acc, spread
+    cdef const double* g_row
+    cdef const floating* xi_row
+    cdef floating* g_t_row
+    cdef double gv
     with nogil:
         for t in range(T):
+            # Rows of V contiguous values of g and xi, sample by sample.
+            g_t_row = &g_t[t, 0]
+            for kv in range(KV):
+                g_sum[kv] = 0.0
+                g_xi[kv] = 0.0
             for k in range(K):
-                for v in range(V):
-                    kv = k * V + v
-                    g_sum[kv] = 0.0
-                    acc = 0.0
-                    for s in range(S):
-                        g_t[t, kv * S + s] = g[k, s, t, v]
-                        g_sum[kv] += g[k, s, t, v]
-                        acc = acc + g[k, s, t, v] * xi[k, s, t, v]
-                    spread = token_sd[t, kv]
-                    g_xi[kv] = acc / spread if spread > 0 else 0.0
+                for s in range(S):
+                    g_row = &g[k, s, t, 0]
+                    xi_row = &xi[k, s, t, 0]
+                    for v in range(V):
+                        gv = g_row[v]
+                        g_t_row[(k * V + v) * S + s] = <floating>gv
+                        g_sum[k * V + v] += gv
+                        g_xi[k * V + v] += gv * xi_row[v]
+            for kv in range(KV):
+                spread = token_sd[t, kv]
+                g_xi[kv] = g_xi[kv] / spread if spread > 0 else 0.0
             for j in range(indptr[t], indptr[t + 1]):
                 m = inducing[j]
                 u = value[j]

@@ -241,13 +241,16 @@ def test_marginals_never_exceed_one():
     assert 0.0 <= marginals.min() and marginals.max() <= 1.0
 
 
-def test_many_labels_and_sequences_match_reference():
-    # V and layouts beyond the brute-force range, both recursions
+@pytest.mark.parametrize("n_labels", [12, 17])
+def test_many_labels_and_sequences_match_reference(n_labels):
+    # V and layouts beyond the brute-force range, both recursions; an even
+    # and an odd V (the scaled recursion takes the rows of E two at a time)
     rng = np.random.default_rng(3)
     lengths = rng.integers(0, 40, 25)
     offsets = _offsets(lengths)
-    unary = rng.standard_normal((2, offsets[-1], 17)) * 3
-    pairwise = rng.standard_normal((2, 17, 17)) * np.array([1.0, 400.0])[:, None, None]
+    V = n_labels
+    unary = rng.standard_normal((2, offsets[-1], V)) * 3
+    pairwise = rng.standard_normal((2, V, V)) * np.array([1.0, 400.0])[:, None, None]
     got = chain.forward_backward(unary, pairwise, offsets)
     expected = ref.forward_backward(unary, pairwise, offsets)
     _assert_log_z_close(got[0], expected[0])
