@@ -380,6 +380,26 @@ def test_invalid_labels_and_offsets():
         sample_posterior(X, offsets + 0.5 * (offsets % 2), labels, kernel, 2, n_iter=4)
 
 
+def test_features_are_validated_and_lists_read_as_arrays():
+    X, offsets, labels, kernel = tiny_problem()
+    X = X.toarray() if sp.issparse(X) else np.asarray(X)
+    expected = sample_posterior(X, offsets, labels, kernel, 2, n_iter=4,
+                                random_state=0)
+    # Lists gave an AttributeError ('list' object has no attribute 'ndim').
+    got = sample_posterior(X.tolist(), offsets.tolist(), labels.tolist(), kernel, 2,
+                           n_iter=4, random_state=0)
+    np.testing.assert_array_equal(got.unary_samples, expected.unary_samples)
+    bad = X.copy()
+    bad[1, 0] = np.nan  # was a CholeskyError about the Gram matrix
+    for features, match in [
+        (bad, "X contains NaN or infinite values"),
+        (X.astype(str), "X must hold real numbers, got dtype <U"),
+        (X[0], r"X must be 2-D \(n_tokens, n_features\)"),
+    ]:
+        with pytest.raises(ValueError, match=match):
+            sample_posterior(features, offsets, labels, kernel, 2, n_iter=4)
+
+
 def test_verbose_prints_progress(capsys):
     run_small(0, n_iter=40, burn_in=0, verbose=1)
     lines = capsys.readouterr().out.splitlines()

@@ -266,6 +266,28 @@ def test_pseudo_without_samples_has_the_chain_shapes():
     assert [x.shape for x in pseudo] == shapes
 
 
+class _Returns(Likelihood):
+    """A subclass whose outputs are whatever the test sets."""
+
+    has_gradient = True
+
+    def __init__(self, value=None, out=None):
+        self.value, self.out = value, out
+
+    def _log_prob(self, unary, pairwise, offsets, labels):
+        return self.value
+
+    def _log_prob_and_gradient(self, unary, pairwise, offsets, labels):
+        return self.out
+
+
+_CHECKING = [
+    ChainCRF(), PiecewisePseudoLikelihood(), CallableLikelihood(chain_loglik_numpy),
+    # a subclass that checks nothing itself: the base class checks
+    _Returns(value=np.zeros((1, 1)), out=(np.zeros((1, 1)),) * 3),
+]
+
+
 @pytest.mark.parametrize(
     ("change", "message"),
     [
@@ -276,11 +298,12 @@ def test_pseudo_without_samples_has_the_chain_shapes():
     ],
 )
 @pytest.mark.parametrize(
-    "likelihood",
-    [PiecewisePseudoLikelihood(), CallableLikelihood(chain_loglik_numpy)],
-    ids=repr,
+    ("likelihood", "method"),
+    [(lik, "log_prob") for lik in _CHECKING]
+    + [(lik, "log_prob_and_gradient") for lik in _CHECKING if lik.has_gradient],
+    ids=lambda value: value if isinstance(value, str) else type(value).__name__,
 )
-def test_inputs_are_validated(likelihood, change, message):
+def test_inputs_are_validated(likelihood, method, change, message):
     args = {
         "unary": np.zeros((1, 3, 3)),
         "pairwise": np.zeros((1, 3, 3)),
@@ -288,7 +311,26 @@ def test_inputs_are_validated(likelihood, change, message):
         "labels": np.array([0, 1, 2]),
     } | change
     with pytest.raises(ValueError, match=message):
-        likelihood.log_prob(**args)
+        getattr(likelihood, method)(**args)
+
+
+@pytest.mark.parametrize(
+    "likelihood",
+    [ChainCRF(), PiecewisePseudoLikelihood(), CallableLikelihood(chain_loglik_numpy)],
+    ids=repr,
+)
+def test_nested_lists_are_read_as_arrays(likelihood):
+    # lists gave an AttributeError ('list' object has no attribute 'shape')
+    unary, pairwise, offsets, labels = _problem(0, [2, 3])
+    expected = likelihood.log_prob(unary, pairwise, offsets, labels)
+    as_lists = [a.tolist() for a in (unary, pairwise, offsets, labels)]
+    np.testing.assert_array_equal(likelihood.log_prob(*as_lists), expected)
+    if likelihood.has_gradient:
+        got = likelihood.log_prob_and_gradient(*as_lists)
+        for a, b in zip(got, likelihood.log_prob_and_gradient(
+            unary, pairwise, offsets, labels
+        ), strict=True):
+            np.testing.assert_array_equal(a, b)
 
 
 # --------------------------------------------------------------------------- #
@@ -618,21 +660,6 @@ def test_callable_with_pathwise_gradient_is_refused(data):
         r"CallableLikelihood\(func=chain_loglik_numpy\) .*use gradient='score'",
     ):
         model.fit(X, y)
-
-
-class _Returns(Likelihood):
-    """A subclass whose outputs are whatever the test sets."""
-
-    has_gradient = True
-
-    def __init__(self, value=None, out=None):
-        self.value, self.out = value, out
-
-    def _log_prob(self, unary, pairwise, offsets, labels):
-        return self.value
-
-    def _log_prob_and_gradient(self, unary, pairwise, offsets, labels):
-        return self.out
 
 
 def _batch(S=2, T=5, V=3):

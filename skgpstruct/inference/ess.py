@@ -359,6 +359,20 @@ def check_chain_size(n_tokens, n_classes, n_iter, burn_in, thin, memory_limit):
 # --------------------------------------------------------------------------
 
 
+def _check_stacked_features(X):
+    """``X`` as a 2-D array of real numbers (a list is read as one) or a
+    sparse matrix, with finite values; else a ValueError naming ``X``."""
+    if not sp.issparse(X):
+        X = np.asarray(X)
+    if X.dtype.kind not in "biuf":
+        raise ValueError(f"X must hold real numbers, got dtype {X.dtype}")
+    if X.ndim != 2:
+        raise ValueError(f"X must be 2-D (n_tokens, n_features), got shape {X.shape}")
+    if not np.all(np.isfinite(X.data if sp.issparse(X) else X)):
+        raise ValueError("X contains NaN or infinite values; features must be finite")
+    return X
+
+
 def sample_posterior(
     X,
     offsets,
@@ -378,8 +392,8 @@ def sample_posterior(
 
     Parameters
     ----------
-    X : ndarray or CSR matrix of shape (n_tokens, n_features)
-        Stacked features of the training tokens.
+    X : array-like or CSR matrix of shape (n_tokens, n_features)
+        Stacked features of the training tokens (finite real numbers).
     offsets : ndarray of int of shape (n_sequences + 1,)
         Sequence boundaries in ``X`` (see :mod:`skgpstruct.chain`).
     labels : ndarray of int of shape (n_tokens,)
@@ -439,8 +453,7 @@ def sample_posterior(
             "pairwise_prior_variance must be a positive number, got "
             f"{pairwise_prior_variance!r}"
         )
-    if X.ndim != 2:
-        raise ValueError(f"X must be 2-D (n_tokens, n_features), got shape {X.shape}")
+    X = _check_stacked_features(X)
     n_tokens = X.shape[0]
     if n_tokens == 0:
         raise ValueError("X has no tokens")

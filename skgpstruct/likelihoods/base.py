@@ -11,7 +11,20 @@ from abc import ABC, abstractmethod
 
 import numpy as np
 
+from .. import chain
+
 __all__ = ["Likelihood"]
+
+
+def _checked_inputs(unary, pairwise, offsets, labels):
+    """The arguments of :meth:`Likelihood.log_prob` as validated arrays: the
+    checks of :func:`skgpstruct.chain.log_likelihood` (shapes, real and
+    finite potentials, offsets partitioning the tokens, labels in range)."""
+    unary, pairwise, offsets = chain._check_chain(
+        unary, pairwise, offsets, with_samples=True
+    )
+    labels = chain._check_labels(labels, unary.shape[1], unary.shape[2])
+    return unary, pairwise, offsets, labels
 
 
 def _checked(likelihood, what, value, shape, where=""):
@@ -111,9 +124,16 @@ class Likelihood(ABC):
         Raises
         ------
         ValueError
-            If :meth:`_log_prob` returns something else than real numbers of
+            If an argument has the wrong shape or dtype, holds non-finite
+            potentials, ``offsets`` does not partition the tokens or a
+            label lies outside ``[0, n_classes)`` (the checks of
+            :func:`skgpstruct.chain.log_likelihood`); or if
+            :meth:`_log_prob` returns something else than real numbers of
             that shape, or NaN.
         """
+        unary, pairwise, offsets, labels = _checked_inputs(
+            unary, pairwise, offsets, labels
+        )
         return _checked_log_prob(
             self, self._log_prob(unary, pairwise, offsets, labels),
             (unary.shape[0], len(offsets) - 1),
@@ -122,7 +142,7 @@ class Likelihood(ABC):
     def log_prob_and_gradient(self, unary, pairwise, offsets, labels):
         """Log-likelihood and its gradient with respect to the potentials.
 
-        Parameters are those of :meth:`log_prob`.
+        Parameters (and their checks) are those of :meth:`log_prob`.
 
         Returns
         -------
@@ -137,6 +157,9 @@ class Likelihood(ABC):
                 f"{type(self).__name__} provides no gradient; use the score "
                 "estimator (gradient='score')"
             )
+        unary, pairwise, offsets, labels = _checked_inputs(
+            unary, pairwise, offsets, labels
+        )
         out = self._log_prob_and_gradient(unary, pairwise, offsets, labels)
         if not isinstance(out, tuple | list) or len(out) != 3:
             raise ValueError(
@@ -173,10 +196,16 @@ class Likelihood(ABC):
 
     @abstractmethod
     def _log_prob(self, unary, pairwise, offsets, labels):
-        """Compute :meth:`log_prob` (override in subclasses)."""
+        """Compute :meth:`log_prob` (override in subclasses).
+
+        The arguments arrive checked: ``unary`` and ``pairwise`` finite
+        C-contiguous float64 arrays of the documented shapes, ``offsets``
+        and ``labels`` int64, partitioning the tokens and in range.
+        """
 
     def _log_prob_and_gradient(self, unary, pairwise, offsets, labels):
-        """Compute :meth:`log_prob_and_gradient` (override when available)."""
+        """Compute :meth:`log_prob_and_gradient` (override when available;
+        the arguments arrive checked, as for :meth:`_log_prob`)."""
         raise NotImplementedError(
             f"{type(self).__name__} sets has_gradient = True but does not "
             "implement _log_prob_and_gradient; implement it, or set "

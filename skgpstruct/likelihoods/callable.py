@@ -2,7 +2,6 @@
 
 import numpy as np
 
-from .. import chain
 from .base import Likelihood, _checked
 
 __all__ = ["CallableLikelihood"]
@@ -86,11 +85,8 @@ class CallableLikelihood(Likelihood):
         self.func = func
 
     def _log_prob(self, unary, pairwise, offsets, labels):
-        unary, pairwise, offsets = chain._check_chain(
-            unary, pairwise, offsets, with_samples=True
-        )
-        n_samples, n_tokens, n_labels = unary.shape
-        labels = chain._check_labels(labels, n_tokens, n_labels)
+        # The arguments arrive checked (Likelihood.log_prob).
+        n_samples = unary.shape[0]
         n_seq = offsets.shape[0] - 1
         log_prob = np.zeros((n_samples, n_seq))
         pairwise = _read_only(pairwise)

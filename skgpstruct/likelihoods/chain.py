@@ -38,10 +38,10 @@ class ChainCRF(Likelihood):
 
     has_gradient = True
 
+    # The arguments arrive checked (Likelihood.log_prob): the chain's own
+    # checks are not repeated.
     def _log_prob(self, unary, pairwise, offsets, labels):
-        return chain.log_likelihood(unary, pairwise, offsets, labels)
+        return chain._log_likelihood_unchecked(unary, pairwise, offsets, labels, False)
 
     def _log_prob_and_gradient(self, unary, pairwise, offsets, labels):
-        return chain.log_likelihood(
-            unary, pairwise, offsets, labels, return_gradient=True
-        )
+        return chain._log_likelihood_unchecked(unary, pairwise, offsets, labels, True)

@@ -3,7 +3,6 @@
 import numpy as np
 from scipy.special import logsumexp
 
-from .. import chain
 from .base import Likelihood
 
 __all__ = ["PiecewisePseudoLikelihood"]
@@ -164,11 +163,8 @@ class PiecewisePseudoLikelihood(Likelihood):
 
     @staticmethod
     def _compute(unary, pairwise, offsets, labels, with_gradient):
-        unary, pairwise, offsets = chain._check_chain(
-            unary, pairwise, offsets, with_samples=True
-        )
+        # The arguments arrive checked (Likelihood.log_prob).
         n_samples, n_tokens, n_labels = unary.shape
-        labels = chain._check_labels(labels, n_tokens, n_labels)
         n_seq = offsets.shape[0] - 1
         tokens = np.arange(n_tokens)
 
