@@ -1130,14 +1130,16 @@ GroupedLinearKernel`: automatic relevance determination per group).
         timer = Timer()
         verbose = self.verbose
 
-        def progress(iteration, value, x):
-            if verbose:
-                print(
-                    f"iteration {iteration:4d}  ELBO {value:14.4f}  "
-                    f"{timer():8.2f} s",
-                    file=sys.stdout,
-                    flush=True,
-                )
+        def print_progress(iteration, value, x):
+            print(
+                f"iteration {iteration:4d}  ELBO {value:14.4f}  {timer():8.2f} s",
+                file=sys.stdout,
+                flush=True,
+            )
+
+        # None when silent: L-BFGS then skips mapping every iterate into the
+        # box for a callback that would ignore it.
+        progress = print_progress if verbose else None
 
         # Attributes of a previous stochastic fit must not survive this one.
         for name in ("saga_memory_bytes_", "validation_score_history_"):
@@ -1520,7 +1522,10 @@ GroupedLinearKernel`: automatic relevance determination per group).
                 item, expand, exact, x0, len(objective.chunks), step_size=step,
                 max_epochs=max_epochs, tol=self.tol, bounds=bounds, rng=rng,
                 n_iter_no_change=self.n_iter_no_change,
-                callback=lambda epoch, value, seconds: progress(epoch, value, None),
+                callback=(
+                    None if progress is None
+                    else lambda epoch, value, seconds: progress(epoch, value, None)
+                ),
                 state=warm, validation=validation,
             )
         except SAGADiverged as exc:

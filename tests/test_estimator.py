@@ -1345,9 +1345,16 @@ def test_partial_fit_refuses_other_features(data):
         model.partial_fit([x[:, :-1] for x in X], y)
 
 
-def test_verbose_prints_iteration_elbo_and_seconds(data, capsys):
+@pytest.mark.parametrize(
+    "mode",
+    [{}, {"gradient": "score", "n_samples": 16}, {"optimizer": "stochastic"}],
+    ids=["lbfgs", "score rounds", "stochastic"],
+)
+def test_verbose_prints_iteration_elbo_and_seconds(data, capsys, mode):
     X, y, _, _ = data
-    model = GPStructClassifier(verbose=1, **FAST).fit(X, y)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ConvergenceWarning)
+        model = GPStructClassifier(verbose=1, **{**FAST, **mode}).fit(X, y)
     lines = capsys.readouterr().out.strip().splitlines()
     pattern = re.compile(
         r"iteration\s+(\d+)\s+ELBO\s+(-?\d+\.\d+)\s+(\d+\.\d+) s$"
@@ -1360,7 +1367,9 @@ def test_verbose_prints_iteration_elbo_and_seconds(data, capsys):
     )
     seconds = [float(m.group(3)) for m in matches]
     assert seconds == sorted(seconds) and seconds[0] >= 0
-    GPStructClassifier(verbose=0, **FAST).fit(X, y)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ConvergenceWarning)
+        GPStructClassifier(verbose=0, **{**FAST, **mode}).fit(X, y)
     assert capsys.readouterr().out == ""
 
 

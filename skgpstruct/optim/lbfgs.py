@@ -629,8 +629,7 @@ def minimize_lbfgs_rounds(
     converged, message, value = False, "", None
 
     def shifted_callback(iteration, value, x):
-        if callback is not None:
-            callback(n_iter + iteration, value, x)
+        callback(n_iter + iteration, value, x)
 
     best_x, best_value = None, -np.inf
     while n_iter < max_iter:
@@ -644,7 +643,7 @@ def minimize_lbfgs_rounds(
             bounds=bounds,
             max_iter=min(round_size, max_iter - n_iter),
             tol=tol,
-            callback=shifted_callback,
+            callback=None if callback is None else shifted_callback,
         )
         n_iter += max(result.n_iter, 1)
         history.extend(result.history)
