@@ -7,7 +7,8 @@ Chunk scores follow the CoNLL ``conlleval`` script (Erik Tjong Kim Sang,
 version 2004-01-26). A label is split at its first dash into a tag and a
 type (``"B-NP"`` -> ``("B", "NP")``); a label without a dash is a tag with an
 empty type (``"O"``, or the untyped ``"B"`` / ``"I"`` of CRF++'s basenp
-data, whose chunks have the type ``""``). ``"O"`` is outside any chunk.
+data, whose chunks have the type ``""``); bytes labels are split as the
+UTF-8 text they hold. ``"O"`` is outside any chunk.
 A chunk is correct when it starts and ends at the same tokens, with the same
 type, in both sequences. Sequences are scored as separate sentences: no
 chunk crosses from one sequence into the next. Precision, recall and F1 are
@@ -274,7 +275,13 @@ _SCHEMES = {
 
 
 def _split_label(label):
-    """``"B-NP"`` -> ``("B", "NP")``; a label without a dash has type ``""``."""
+    """``"B-NP"`` -> ``("B", "NP")``; a label without a dash has type ``""``.
+
+    Bytes labels are split as the UTF-8 text they hold (``str(b"B-NP")``
+    is ``"b'B-NP'"``, whose tag and type are nonsense).
+    """
+    if isinstance(label, bytes):
+        label = label.decode("utf-8")
     tag, dash, type_ = str(label).partition("-")
     return tag, type_
 
@@ -298,7 +305,14 @@ def _chunk_counts(y_true, y_pred, scheme):
     def split(label, name, i):
         parts = cache.get(label)
         if parts is None:
-            parts = _split_label(label)
+            try:
+                parts = _split_label(label)
+            except UnicodeDecodeError as exc:
+                raise ValueError(
+                    f"{name}[{i}] has the bytes label {label!r}, which is not "
+                    f"UTF-8 text ({exc.reason}); chunk labels are text such as "
+                    "'B-NP'"
+                ) from None
             if allowed is not None and parts[0] not in allowed:
                 raise ValueError(
                     f"{name}[{i}] has the label {label!r}, whose tag "

@@ -138,6 +138,29 @@ def test_per_type_scores():
     assert chunk_f1_score(y_true, y_pred) == pytest.approx(1 / 3)
 
 
+@pytest.mark.parametrize("scheme", [None, "iob2"])
+def test_bytes_labels_are_split_as_their_text(scheme):
+    # str(b"B-NP") is "b'B-NP'": the tag "b'B" and the type "NP'" scored 0.5
+    # where the text's labels score 0.
+    y_true = [["B-NP", "I-NP", "B-NP", "O"], ["B-VP"]]
+    y_pred = [["B-NP", "I-NP", "I-NP", "O"], ["B-VP"]]
+    expected = chunk_precision_recall_fscore_support(
+        y_true, y_pred, average=None, scheme=scheme
+    )
+    for encode in (
+        lambda y: [[label.encode() for label in s] for s in y],
+        lambda y: [np.array(s, dtype="S") for s in y],
+    ):
+        got = chunk_precision_recall_fscore_support(
+            encode(y_true), encode(y_pred), average=None, scheme=scheme
+        )
+        for a, b in zip(got, expected, strict=True):
+            np.testing.assert_array_equal(a, b)
+    with pytest.raises(ValueError, match=r"y_true\[0\] has the bytes label "
+                       r"b'\\xff-NP', which is not UTF-8"):
+        chunk_f1_score([[b"\xff-NP"]], [[b"O"]], scheme=scheme)
+
+
 def test_iobes_needs_its_scheme():
     y = [["S-PER", "B-PER", "E-PER", "B-PER", "E-PER"]]
     # conlleval does not know S- and merges E-X followed by B-X.
