@@ -184,6 +184,24 @@ def _maximize(optimize, value_and_grad, x0, bounds, units, *, rounds=False,
     return result
 
 
+def _shared_element_groups(X):
+    """The ``feature_groups`` every matrix of ``X`` carries (a subset of a
+    :class:`~skgpstruct.features.FeatureSequences`, such as a
+    cross-validation fold), or None unless all carry equal ones."""
+    if isinstance(X, str | bytes) or not hasattr(X, "__iter__"):
+        return None
+    first = None
+    for matrix in X:
+        groups = getattr(matrix, "feature_groups", None)
+        if groups is None:
+            return None
+        if first is None:
+            first = groups
+        elif groups is not first and not np.array_equal(groups, first):
+            return None
+    return first
+
+
 def _make_chunks(sequences, offsets, label_index, groups, seeds):
     """One Chunk per group of sequence indices (rows stacked in group order)."""
     chunks = []
@@ -231,18 +249,19 @@ class _NoiseBudget:
 
 
 def _sequence_fingerprint(X_n):
-    """A 64-bit integer determined by a sequence's feature values."""
+    """A 64-bit integer determined by a sequence's feature values, whatever
+    their storage: dense or sparse in any format, stored zeros or not (the
+    values are hashed in one canonical form, CSR of float64 without zeros,
+    sorted; dense input hashed its own bytes and drew other samples)."""
+    # A copy: the caller's matrix (maybe in another thread of
+    # predict_marginals) is never changed.
+    X_n = sp.csr_matrix(X_n, dtype=np.float64, copy=True)
+    X_n.eliminate_zeros()
+    X_n.sum_duplicates()  # also sorts the indices
     digest = hashlib.blake2b(digest_size=8)
-    if sp.issparse(X_n):
-        X_n = X_n.tocsr()
-        if not X_n.has_sorted_indices:
-            # a sorted copy: the caller's matrix (maybe in another thread of
-            # predict_marginals) is never changed
-            X_n = X_n.sorted_indices()
-        for part in (X_n.indptr, X_n.indices, X_n.data):
-            digest.update(np.ascontiguousarray(part).tobytes())
-    else:
-        digest.update(np.ascontiguousarray(X_n, dtype=np.float64).tobytes())
+    for part, dtype in ((X_n.indptr, np.int64), (X_n.indices, np.int64),
+                        (X_n.data, np.float64)):
+        digest.update(np.ascontiguousarray(part, dtype=dtype).tobytes())
     digest.update(str(X_n.shape).encode())
     return int.from_bytes(digest.digest(), "little")
 
@@ -1266,6 +1285,8 @@ GroupedLinearKernel`: automatic relevance determination per group).
                 )
             groups = getattr(X, "feature_groups", None)
             if groups is None:
+                groups = _shared_element_groups(X)
+            if groups is None:
                 return None
         else:
             groups = spec
@@ -1388,8 +1409,10 @@ GroupedLinearKernel`: automatic relevance determination per group).
             random_state=rng, verbose=self.verbose,
             memory_limit=self.ess_memory_limit,
         )
+        # Attributes of an earlier variational or stochastic fit.
         for name in ("q_mu_", "q_sqrt_", "weights_", "inducing_", "inducing_points_",
-                     "elbo_history_", "pairwise_std_"):
+                     "elbo_history_", "pairwise_std_", "saga_memory_bytes_",
+                     "validation_score_history_", "_saga_state", "_saga_items"):
             self.__dict__.pop(name, None)
         self.classes_ = classes
         self.n_features_in_ = X_all.shape[1]

@@ -285,8 +285,12 @@ class FeatureSequences(list):
     Behaves exactly as a list; ``feature_groups`` (ndarray of int of shape
     (n_features,), or None) says which template produced every column, so
     that an estimator downstream in a ``Pipeline`` can give each template its
-    own prior variance. Slicing or copying returns a plain list (the groups
-    are metadata of the whole transformed set).
+    own prior variance. Slicing or copying returns a plain list; every
+    matrix that can hold an attribute (sparse matrices, not NumPy arrays)
+    carries the same ``feature_groups`` too, so that the subsets
+    cross-validation splitters take (plain lists of the same matrices) keep
+    their groups, and a model cross-validated on them is the model ``fit``
+    builds on the whole list.
 
     Parameters
     ----------
@@ -307,6 +311,10 @@ class FeatureSequences(list):
         self.feature_groups = (
             None if feature_groups is None else np.asarray(feature_groups)
         )
+        if self.feature_groups is not None:
+            for matrix in self:
+                if sp.issparse(matrix):
+                    matrix.feature_groups = self.feature_groups
 
     def __reduce__(self):
         return (type(self), (list(self), self.feature_groups))

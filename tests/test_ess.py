@@ -548,6 +548,28 @@ def test_estimator_ess_fits_predicts_and_is_reproducible():
     assert not hasattr(first, "q_mu_")
 
 
+def test_estimator_ess_refit_drops_an_earlier_fits_attributes():
+    # A refit with inference="ess" kept saga_memory_bytes_ and
+    # validation_score_history_ of an earlier stochastic fit.
+    from skgpstruct import GPStructClassifier
+
+    X, y = make_sequences(30, random_state=3)
+    model = GPStructClassifier(
+        optimizer="stochastic", early_stopping=True, max_iter=2, random_state=0,
+        ess_n_iter=20,
+    )
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ConvergenceWarning)
+        model.fit(X, y)
+    assert hasattr(model, "saga_memory_bytes_")
+    assert hasattr(model, "validation_score_history_")
+    model.set_params(inference="ess", learn_hyperparameters=False).fit(X, y)
+    fresh = GPStructClassifier(**model.get_params()).fit(X, y)
+    fitted = {name for name in vars(model) if name.endswith("_")}
+    assert fitted == {name for name in vars(fresh) if name.endswith("_")}
+    assert not hasattr(model, "saga_memory_bytes_")
+
+
 def test_estimator_ess_samples_at_the_hyperparameters_the_elbo_learns():
     # learn_hyperparameters=True (the default): the prior is that of the same
     # estimator fitted variationally; False: the initial values, as GPstruct.

@@ -343,6 +343,40 @@ def test_feature_groups_follow_the_template_order_not_the_data_order():
     np.testing.assert_array_equal(backward.feature_groups_, [0, 0, 1])
 
 
+def test_cross_validation_folds_of_template_features_keep_their_groups():
+    # scikit-learn's splitters take plain lists of the matrices: the folds
+    # lost the groups and fitted one shared variance (LinearKernel), while
+    # fit and GridSearchCV's refit on the whole list fitted one per template.
+    from sklearn.model_selection import cross_validate
+
+    from skgpstruct.kernels import GroupedLinearKernel
+
+    rng = np.random.default_rng(0)
+    words = ["a", "b", "c", "d"]
+    tokens = [[[w, w.upper()] for w in rng.choice(words, 5)] for _ in range(12)]
+    y = [[int(w[0] in "ab") for w in seq] for seq in tokens]
+    X = CRFppTemplateVectorizer("U00:%x[0,0]\nU01:%x[0,1]\nB").fit_transform(tokens)
+    assert all(m.feature_groups is X.feature_groups for m in X)
+    fold = X[:8]  # a plain list, as a splitter takes
+    assert type(fold) is list
+    model = GPStructClassifier(max_iter=3, random_state=0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        whole = clone(model).fit(X, y)
+        part = clone(model).fit(fold, y[:8])
+        folds = cross_validate(model, X, y, cv=2, return_estimator=True)
+    assert isinstance(whole.kernel_, GroupedLinearKernel)
+    assert isinstance(part.kernel_, GroupedLinearKernel)
+    np.testing.assert_array_equal(part.kernel_.groups, whole.kernel_.groups)
+    for estimator in folds["estimator"]:
+        assert isinstance(estimator.kernel_, GroupedLinearKernel)
+    # Matrices from elsewhere (no groups) and mixed lists: one shared variance.
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        mixed = clone(model).fit([*fold[:4], fold[4].copy()], y[:5])
+    assert not isinstance(mixed.kernel_, GroupedLinearKernel)
+
+
 def test_template_file_errors_name_the_file(tmp_path):
     X = [[["a"], ["b"]]]
     latin = tmp_path / "template"
