@@ -52,23 +52,26 @@ marginal probability of the predicted label. Columns are separated as in
 the input (a tab if its first token line has one, else a space); sequences
 stay separated by blank lines, so the output is read back by
 :func:`~skgpstruct.io.read_conll`, and without ``--marginals`` it is the
-input ``conlleval`` expects.
+input ``conlleval`` expects (``conlleval`` splits columns at spaces: give it
+``-d '\t'`` for a tab-separated file, or run ``skgpstruct evaluate``).
 
 Progress (reading, features, the ELBO of every fit iteration, writing) goes
 to standard error, ``-q`` silences it; results go to standard output.
 Errors are printed as ``skgpstruct: error: ...``; the exit status is 0 on
 success, 2 for a usage error or bad input (missing or unreadable file, bad
 template line, unknown option value, a model file that is not one or comes
-from another version) and 1 for an unexpected error (a bug; a traceback is
+from another version, an output file that is one of the inputs), 141 when
+the reader of standard output stopped reading (``| head``: 128 + SIGPIPE,
+as shell tools give) and 1 for an unexpected error (a bug; a traceback is
 printed).
 """
 
 import argparse
 import codecs
 import contextlib
-import io
 import os
 import pickletools
+import re
 import sys
 import time
 import traceback
@@ -92,6 +95,7 @@ _DEMO_SHOWN_TOKENS = 8
 MODEL_FORMAT = "skgpstruct-model"
 _EXIT_UNEXPECTED = 1
 _EXIT_BAD_INPUT = 2
+_EXIT_BROKEN_PIPE = 141  # 128 + SIGPIPE
 _PICKLE_WARNING = (
     "Model files are pickles: loading one can run arbitrary code, so only "
     "load model files you trust."
@@ -168,13 +172,21 @@ def _scale_or_none(text):
 
 
 def _encoding(text):
-    """argparse type: the name of a Python codec."""
+    """argparse type: the name of a Python text encoding."""
     try:
         codecs.lookup(text)
     except LookupError:
         raise argparse.ArgumentTypeError(
             f"unknown encoding {text!r}; give a Python codec name such as "
             "'utf-8' or 'euc-jp'"
+        ) from None
+    try:  # codecs such as 'rot13' or 'hex' are not text encodings
+        b"".decode(text)
+        "".encode(text)
+    except LookupError:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a text encoding; give one such as 'utf-8' or "
+            "'euc-jp'"
         ) from None
     return text
 
@@ -272,6 +284,12 @@ def _run_demo(args):
     )
     X_train, y_train = X[:n_train], y[:n_train]
     X_test, y_test = X[n_train:], y[n_train:]
+    if np.unique(np.concatenate(y_train)).size < 2:
+        raise CommandError(
+            f"--n-sequences {n_train} with --random-state {args.random_state} "
+            "gives training sequences of a single label; give more sequences "
+            "(the default is 150)"
+        )
     n_train_tokens = sum(len(s) for s in y_train)
     n_test_tokens = sum(len(s) for s in y_test)
     print(
@@ -294,7 +312,8 @@ def _run_demo(args):
         f"max_iter={args.max_iter}, tol={DEMO_TOL})",
         flush=True,
     )
-    gp_time, converged = _fit(gp, X_train, y_train)
+    with contextlib.redirect_stdout(sys.stderr):  # the ELBO lines: progress
+        gp_time, converged = _fit(gp, X_train, y_train)
     if not converged:
         print(f"note: the GP stopped at max_iter={args.max_iter} before "
               "the ELBO settled (use --max-iter to run longer)")
@@ -366,33 +385,36 @@ def _read_bytes(path, what):
         ) from None
 
 
-def _separator(data):
-    """Tab if the first token line of ``data`` (bytes) has one, else space."""
-    start = 0
-    while start < len(data):
-        end = data.find(b"\n", start)
-        end = len(data) if end < 0 else end
-        line = data[start:end].strip(b" \t\r")
+def _separator(lines):
+    """Tab if the first token line of the decoded ``lines`` has one, else
+    a space."""
+    for line in lines:
+        line = line.strip(" \t")
         if line:
-            return "\t" if b"\t" in line else " "
-        start = end + 1
+            return "\t" if "\t" in line else " "
     return " "
 
 
+#: The CLI's wording of :func:`skgpstruct.io._decode`'s advice.
+_ENCODING_HINT = (
+    "give the file's encoding with --encoding, e.g. --encoding euc-jp for "
+    "CRF++'s JapaneseNE data"
+)
+
+
 def _read_corpus(path, encoding, args):
-    """Read a CoNLL / CRF++ file with :func:`skgpstruct.io.read_conll`."""
-    from .io import read_conll
+    """Read a CoNLL / CRF++ file as :func:`skgpstruct.io.read_conll` does."""
+    from .io import _decode, _text_lines, parse_conll
 
     _progress(args, f"reading {'<stdin>' if path == '-' else path}")
     start = time.perf_counter()
     data, name = _read_bytes(path, "data file")
-    handle = io.BytesIO(data)
-    handle.name = name  # read_conll names the file in its messages
     try:
-        tokens, labels = read_conll(handle, encoding=encoding)
+        text = _decode(data, encoding, name, hint=_ENCODING_HINT)
+        tokens, labels = parse_conll(text, source=name)
     except ValueError as exc:
         raise CommandError(str(exc)) from None
-    corpus = _Corpus(name, tokens, labels, _separator(data))
+    corpus = _Corpus(name, tokens, labels, _separator(_text_lines(text)))
     _progress(
         args,
         f"{name}: {len(labels)} sequences, {sum(len(s) for s in labels)} "
@@ -405,16 +427,13 @@ def _read_corpus(path, encoding, args):
 def _read_template(path, encoding):
     """Text of a CRF++ template file, checked line by line."""
     from .features import expand_crfpp_template
+    from .io import _decode
 
     data, name = _read_bytes(path, "template file")
     try:
-        text = data.decode(encoding)
-    except UnicodeDecodeError as exc:
-        line = data.count(b"\n", 0, exc.start) + 1
-        raise CommandError(
-            f"{name}, line {line}: cannot decode the template with encoding "
-            f"{encoding!r} ({exc.reason}); give its encoding with --encoding"
-        ) from None
+        text = _decode(data, encoding, name, hint=_ENCODING_HINT)
+    except ValueError as exc:
+        raise CommandError(str(exc)) from None
     # A one-line text without a newline would be taken for a file name.
     text = text if text.endswith("\n") else text + "\n"
     try:
@@ -424,8 +443,13 @@ def _read_template(path, encoding):
     return text
 
 
-def _check_output_path(path, what):
-    """Fail before long work if ``path`` cannot be a file to write."""
+def _check_output_path(path, what, inputs=()):
+    """Fail before long work if ``path`` cannot be a file to write.
+
+    ``inputs``: ``(path, what)`` of the command's input files; writing over
+    one of them is refused (a slip in the order of the arguments would
+    otherwise replace a data file with a model, silently).
+    """
     if os.path.isdir(path):
         raise CommandError(f"cannot write {what} {path!r}: it is a directory")
     directory = os.path.dirname(os.path.abspath(path))
@@ -434,6 +458,19 @@ def _check_output_path(path, what):
             f"cannot write {what} {path!r}: directory {directory!r} does not "
             "exist"
         )
+    if not os.access(directory, os.W_OK):
+        raise CommandError(
+            f"cannot write {what} {path!r}: directory {directory!r} is not "
+            "writable"
+        )
+    for input_path, input_what in inputs:
+        if input_path == "-" or not os.path.exists(path):
+            continue
+        if os.path.exists(input_path) and os.path.samefile(path, input_path):
+            raise CommandError(
+                f"cannot write {what} {path!r}: it is the {input_what}; give "
+                "another path"
+            )
 
 
 def _write_text(text, path, encoding):
@@ -784,7 +821,20 @@ def _run_train(args):
         gp._check_params()
     except ValueError as exc:
         raise CommandError(str(exc)) from None
-    _check_output_path(args.model_file, "model file")
+    _check_output_path(
+        args.model_file, "model file",
+        [(args.train_file, "training file"), (args.template, "template file")],
+    )
+    if (
+        os.path.isfile(args.model_file)
+        and os.path.getsize(args.model_file) > 0
+        and _written_version(args.model_file) is None
+    ):
+        raise CommandError(
+            f"MODEL_FILE {args.model_file!r} exists and is not a skgpstruct "
+            "model file: remove it or give another path (is it a data file? "
+            "the arguments are TRAIN_FILE MODEL_FILE)"
+        )
     corpus = _read_corpus(args.train_file, args.encoding, args)
 
     vectorizer = CRFppTemplateVectorizer(template, min_count=args.min_count)
@@ -868,7 +918,9 @@ def _add_predict(subparsers):
             "predicted label. Columns are separated as in FILE (a tab if its "
             "first token line has one, else a space) and sequences by blank "
             "lines, so skgpstruct.io.read_conll reads the output back, and "
-            "without --marginals conlleval reads it too."
+            "without --marginals conlleval reads it too (conlleval splits "
+            "columns at spaces: give it -d '\\t' for a tab-separated FILE, "
+            "or run skgpstruct evaluate)."
         ),
         epilog=_PICKLE_WARNING,
     )
@@ -891,7 +943,10 @@ def _run_predict(args):
     model = _load_model(args.model_file)
     encoding = args.encoding or model["encoding"]
     if args.output is not None and args.output != "-":
-        _check_output_path(args.output, "output file")
+        _check_output_path(
+            args.output, "output file",
+            [(args.model_file, "model file"), (args.file, "input file")],
+        )
     corpus = _read_corpus(args.file, encoding, args)
     tokens, gold = _split_gold(corpus, model)
     predicted, probabilities = _predict(model, tokens, args,
@@ -984,7 +1039,15 @@ def _run_evaluate(args):
         report = classification_report(gold, predicted, scheme=args.scheme,
                                        output_dict=True)
     except ValueError as exc:
-        raise CommandError(f"{corpus.name}: {exc}") from None
+        # The metrics name their arguments (y_true[i]); the file has
+        # sequences of gold and predicted labels, counted from 1.
+        message = re.sub(
+            r"y_(true|pred)\[(\d+)\]",
+            lambda m: (f"sequence {int(m[2]) + 1} of the "
+                       f"{'gold' if m[1] == 'true' else 'predicted'} labels"),
+            str(exc),
+        )
+        raise CommandError(f"{corpus.name}: {message}") from None
     print(_conlleval_report(report, sum(len(s) for s in gold)), end="")
     return 0
 
@@ -995,8 +1058,9 @@ def _build_parser():
         prog="skgpstruct",
         description="Bayesian sequence labelling with Gaussian-process priors.",
         epilog=(
-            "Exit status: 0 on success, 2 for a usage error or bad input, 1 "
-            "for an unexpected error. " + _PICKLE_WARNING
+            "Exit status: 0 on success, 2 for a usage error or bad input, 141 "
+            "when the reader of the output stopped reading, 1 for an "
+            "unexpected error. " + _PICKLE_WARNING
         ),
     )
     parser.add_argument(
@@ -1085,10 +1149,11 @@ def main(argv=None):
         print("skgpstruct: interrupted", file=sys.stderr)
         return 130
     except BrokenPipeError:
-        # The reader of standard output (e.g. `head`) stopped: not an error.
+        # The reader of standard output (e.g. `head`) stopped: not a bug;
+        # the status of a program a SIGPIPE stopped, as shell tools give.
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())
-        return _EXIT_UNEXPECTED
+        return _EXIT_BROKEN_PIPE
     except Exception as exc:
         traceback.print_exc()
         print(

@@ -11,6 +11,7 @@ more label columns (e.g. the gold labels and the predicted ones, the layout
 the CoNLL ``conlleval`` script reads).
 """
 
+import codecs
 import io
 import math
 import numbers
@@ -143,13 +144,24 @@ def parse_conll(text, *, source="<string>"):
     return _parse(text, source)
 
 
-def _decode(data, encoding, name):
+#: How :func:`_decode`'s errors tell the caller to give an encoding.
+ENCODING_HINT = (
+    "pass the file's encoding, e.g. encoding='euc-jp' for CRF++'s JapaneseNE data"
+)
+
+
+def _decode(data, encoding, name, hint=ENCODING_HINT):
     try:
         return data.decode(encoding)
     except LookupError:
+        try:
+            codecs.lookup(encoding)
+        except LookupError:
+            problem = "is not a known codec"
+        else:  # 'rot13', 'hex': codecs, but not text encodings
+            problem = "is not a text encoding"
         raise ValueError(
-            f"encoding={encoding!r} is not a known codec; give a Python codec "
-            "name such as 'utf-8' or 'euc-jp'"
+            f"encoding {encoding!r} {problem}; {hint}"
         ) from None
     except UnicodeDecodeError as exc:
         line = data.count(b"\n", 0, exc.start) + 1
@@ -157,9 +169,7 @@ def _decode(data, encoding, name):
         bad = data[exc.start : exc.end].hex(" ")
         raise ValueError(
             f"{name}, line {line}: cannot decode byte(s) {bad} at byte column "
-            f"{column} with encoding {encoding!r} ({exc.reason}); pass the "
-            "file's encoding, e.g. encoding='euc-jp' for CRF++'s JapaneseNE "
-            "data"
+            f"{column} with encoding {encoding!r} ({exc.reason}); {hint}"
         ) from None
 
 
@@ -233,9 +243,10 @@ def format_conll(tokens, labels, *more_labels, sep=" "):
     Raises
     ------
     ValueError
-        If the numbers of sequences or tokens do not match, if a sequence is
-        empty (it could not be read back) or if a value is empty or contains
-        whitespace.
+        If the numbers of sequences or tokens do not match, or the text
+        could not be read back as given: a sequence is empty, a value is
+        empty or contains whitespace, token lines have different numbers of
+        columns, or the first value starts with a byte-order mark.
 
     Examples
     --------
@@ -268,6 +279,7 @@ def format_conll(tokens, labels, *more_labels, sep=" "):
                 f"tokens has {len(tokens)} sequences but {arg} has {len(value)}"
             )
     out = io.StringIO()
+    n_columns = None  # of the first token line
     for i, rows in enumerate(tokens):
         if len(rows) == 0:
             raise ValueError(
@@ -304,6 +316,21 @@ def format_conll(tokens, labels, *more_labels, sep=" "):
                         "contains whitespace, which the format uses as a "
                         "separator"
                     )
+            if n_columns is None:
+                n_columns = len(fields)
+                if fields[0].startswith("\ufeff"):
+                    raise ValueError(
+                        f"sequence {i}, token {t}: the file's first value "
+                        f"{fields[0]!r} starts with U+FEFF, which read_conll "
+                        "drops as a byte-order mark"
+                    )
+            elif len(fields) != n_columns:
+                raise ValueError(
+                    f"sequence {i}, token {t} has {len(fields)} column(s), but "
+                    f"the first token has {n_columns}; every line of a CoNLL "
+                    "file has the same number of columns (read_conll refuses "
+                    "the file otherwise)"
+                )
             out.write(sep.join(fields))
             out.write("\n")
         out.write("\n")

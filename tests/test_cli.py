@@ -81,7 +81,10 @@ def test_demo_runs_and_reports_accuracies():
     for accuracy, fit_time in scores.values():
         assert 0.0 <= accuracy <= 1.0
         assert fit_time >= 0.0
-    assert re.search(r"^iteration\s+1\s+ELBO", result.stdout, re.MULTILINE)
+    # progress on standard error (it was on standard output), results on
+    # standard output
+    assert re.search(r"^iteration\s+1\s+ELBO", result.stderr, re.MULTILINE)
+    assert not re.search(r"^iteration\s", result.stdout, re.MULTILINE)
     assert "marginals" in result.stdout
 
 
@@ -158,7 +161,7 @@ def test_train_passes_the_hyperprior_scale(monkeypatch, tmp_path, given, expecte
             seen["hyperprior_scale"] = self.hyperprior_scale
             return super()._check_params()
 
-    def stop(path, what):
+    def stop(path, what, inputs=()):
         raise cli.CommandError("stopped by the test")
 
     monkeypatch.setattr(estimator_module, "GPStructClassifier", Recording)
@@ -302,6 +305,54 @@ def test_predict_without_gold_reads_stdin_and_keeps_tabs(fold, predicted):
     tokens, labels = parse_conll(result.stdout)
     assert tokens == fold.test_tokens  # no gold column: tokens, then prediction
     assert labels == predicted.labels
+
+
+@needs_shared_data
+@pytest.mark.parametrize(
+    ("data", "encoding"),
+    [
+        # U+0109 is the bytes 09 01 in UTF-16: the separator was taken from
+        # the undecoded bytes, and the output had tabs.
+        ("\u0109u NN\nword NN\n\n", "utf-16"),
+        # lone CRs end lines: the first line was the whole file, with a tab
+        ("one NN\rtwo\tNN\r\r", "utf-8"),
+    ],
+    ids=["utf-16", "lone CR"],
+)
+def test_output_separator_is_read_from_the_decoded_first_line(
+    fold, trained, data, encoding
+):
+    result = _run("predict", "-q", "--encoding", encoding, fold.model, "-",
+                  input=data.encode(encoding), text=False)
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.decode(encoding).splitlines()
+    assert lines[0].count(" ") == 2 and "\t" not in result.stdout.decode(encoding)
+
+
+@needs_shared_data
+def test_a_reader_that_stops_gives_the_status_of_sigpipe(fold, trained, tmp_path):
+    # A reader of standard output that stopped: exit status 141 (128 +
+    # SIGPIPE), as shell tools give, and no message; it was 1, the status
+    # of a bug.
+    big = tmp_path / "big.data"
+    write_conll(big, fold.test_tokens * 10, fold.test_labels * 10)
+    env = dict(os.environ, OPENBLAS_NUM_THREADS="1")
+    package_root = str(Path(skgpstruct.__file__).resolve().parents[1])
+    env["PYTHONPATH"] = os.pathsep.join(
+        p for p in [package_root, env.get("PYTHONPATH")] if p
+    )
+    child = subprocess.Popen(
+        [sys.executable, "-m", "skgpstruct", "predict", "-q", str(fold.model),
+         str(big)],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, env=env, cwd=package_root,
+    )
+    # The reader is gone before the child writes (it loads the model and
+    # predicts first), as in `skgpstruct predict ... | true`.
+    child.stdout.close()
+    stderr = child.stderr.read()
+    child.stderr.close()
+    assert child.wait(timeout=120) == 141
+    assert stderr == b""
 
 
 @needs_shared_data
@@ -464,6 +515,12 @@ def _one_column(directory):
     return path
 
 
+def _copy(path, directory, name):
+    copy = directory / name
+    copy.write_bytes(Path(path).read_bytes())
+    return copy
+
+
 _ERRORS = {
     "missing train file": (
         lambda f, d: ["train", "-t", f.template, d / "nope.data", d / "m.pkl"],
@@ -531,6 +588,46 @@ _ERRORS = {
         lambda f, d: ["predict", f.model, _one_column(d)],
         ["one.data has 1 columns per token", "give 2 columns", "or 3"],
     ),
+    # Outputs over inputs (a slip in the order of the arguments) replaced
+    # the data file, the template or the model, with exit status 0.
+    "model file over the training file": (
+        lambda f, d: ["train", "-t", f.template, *[_copy(f.train, d, "t.data")] * 2],
+        ["cannot write model file", "it is the training file"],
+    ),
+    "model file over the template": (
+        lambda f, d: ["train", "-t", _copy(f.template, d, "tpl"), f.train, d / "tpl"],
+        ["cannot write model file", "it is the template file"],
+    ),
+    "model file over a data file": (
+        lambda f, d: ["train", "-t", f.template, f.train, _copy(f.test, d, "x.data")],
+        ["x.data' exists and is not a skgpstruct model file"],
+    ),
+    "predictions over the model file": (
+        lambda f, d: ["predict", "-o", _copy(f.model, d, "c.pkl"), d / "c.pkl", f.test],
+        ["cannot write output file", "it is the model file"],
+    ),
+    "predictions over the input file": (
+        lambda f, d: ["predict", "-o", _copy(f.test, d, "in.data"), f.model,
+                      d / "in.data"],
+        ["cannot write output file", "it is the input file"],
+    ),
+    # 'rot13' is a codec but not a text encoding: a LookupError traceback
+    "codec that is not a text encoding": (
+        lambda f, d: ["train", "-t", f.template, "--encoding", "rot13", f.train,
+                      d / "m.pkl"],
+        ["'rot13' is not a text encoding"],
+    ),
+    # basenp's untyped B / I under the IOE1 scheme: the message said y_true[0]
+    "labels foreign to the scheme": (
+        lambda f, d: ["evaluate", "--scheme", "ioe1", f.model, f.test],
+        ["test.data: sequence 1 of the gold labels has the label 'B'", "ioe1"],
+    ),
+    # one training sequence of one label: LogisticRegression's traceback
+    "demo with a single label": (
+        lambda f, d: ["demo", "--n-sequences", "1", "--random-state", "16",
+                      "--max-iter", "3", "-q"],
+        ["--n-sequences 1 with --random-state 16", "single label"],
+    ),
 }
 
 
@@ -545,6 +642,11 @@ def test_bad_input_exits_2_with_a_message(case, fold, trained, tmp_path):
     for fragment in fragments:
         assert fragment in result.stderr, (fragment, result.stderr)
     assert not (tmp_path / "m.pkl").exists()
+    for copy, source in [("t.data", fold.train), ("tpl", fold.template),
+                         ("x.data", fold.test), ("c.pkl", fold.model),
+                         ("in.data", fold.test)]:
+        if (tmp_path / copy).exists():  # an input the command refused to replace
+            assert (tmp_path / copy).read_bytes() == Path(source).read_bytes()
 
 
 @needs_shared_data

@@ -132,6 +132,9 @@ def test_unknown_encoding_is_reported(tmp_path):
     path.write_text("a B\n", encoding="utf-8")
     with pytest.raises(ValueError, match="not a known codec"):
         read_conll(path, encoding="no-such-codec")
+    # a codec, but not a text encoding (it was reported as unknown)
+    with pytest.raises(ValueError, match="encoding 'rot13' is not a text encoding"):
+        read_conll(path, encoding="rot13")
 
 
 @pytest.mark.parametrize("content", ["", "\n\n  \n\t\n"])
@@ -190,6 +193,16 @@ def test_format_errors():
         format_conll([[]], [[]])
     with pytest.raises(ValueError, match="sep must be"):
         format_conll([[["a"]]], [["B"]], sep=",")
+    # Text read_conll would refuse or change: it was written without a word.
+    with pytest.raises(ValueError, match=r"sequence 0, token 1 has 2 column\(s\), "
+                       "but the first token has 3"):
+        format_conll([[["He", "PRP"], ["reckons"]]], [["B-NP", "B-VP"]])
+    with pytest.raises(ValueError, match=r"sequence 1, token 0 has 3 column"):
+        format_conll([[["a"]], [["b", "c"]]], [["O"], ["O"]])
+    with pytest.raises(ValueError, match="starts with U\\+FEFF"):
+        format_conll([[["\ufeffa"]]], [["O"]])
+    text = format_conll([[["a", "\ufeffb"]], [["c", "d"]]], [["O"], ["O"]])
+    assert parse_conll(text) == ([[["a", "\ufeffb"]], [["c", "d"]]], [["O"], ["O"]])
 
 
 @pytest.mark.parametrize(
