@@ -450,19 +450,26 @@ class Kernel(abc.ABC):
         return self
 
     def __repr__(self):
+        # Hyperparameter values first, in constructor order, then the bounds
+        # that differ from their defaults.
         signature = inspect.signature(type(self).__init__)
-        parts = []
-        for name in self._get_param_names():
-            value = getattr(self, name)
-            default = signature.parameters[name].default
-            is_bounds = name.endswith("_bounds")
-            if is_bounds and _same_value(value, default):
-                continue
-            parts.append((is_bounds, name, f"{name}={_format_value(value)}"))
-        # Hyperparameter values first, in constructor order, then bounds.
-        order = list(signature.parameters)
-        parts.sort(key=lambda p: (p[0], order.index(p[1])))
-        return f"{type(self).__name__}({', '.join(p[2] for p in parts)})"
+        values = [
+            f"{name}={_format_value(getattr(self, name))}"
+            for name in signature.parameters
+            if name != "self" and not name.endswith("_bounds")
+        ]
+        return f"{type(self).__name__}({', '.join(values + self._bounds_reprs())})"
+
+    def _bounds_reprs(self):
+        """``name=value`` of every ``*_bounds`` parameter that differs from
+        its default, in constructor order (for ``__repr__``)."""
+        signature = inspect.signature(type(self).__init__)
+        return [
+            f"{name}={_format_value(getattr(self, name))}"
+            for name in signature.parameters
+            if name.endswith("_bounds")
+            and not _same_value(getattr(self, name), signature.parameters[name].default)
+        ]
 
     # ---- hyperparameters ---------------------------------------------------
 
@@ -912,9 +919,10 @@ class GroupedLinearKernel(Kernel):
             n_groups = self.n_groups
         except ValueError:
             n_groups = "?"
+        bounds = "".join(f", {part}" for part in self._bounds_reprs())
         return (
             f"GroupedLinearKernel(groups=<{groups.size} features in {n_groups} "
-            f"groups>, variance={shown}, bias={float(self.bias):.4g})"
+            f"groups>, variance={shown}, bias={float(self.bias):.4g}{bounds})"
         )
 
     def _groups(self):

@@ -822,6 +822,13 @@ def test_grouped_linear_repr_summarises_groups():
         "GroupedLinearKernel(groups=<5000 features in 3 groups>, "
         "variance=[1, 2, 3.5], bias=1)"
     )
+    # Bounds that differ from the defaults are shown, as by the other
+    # kernels (they were left out).
+    text = repr(GroupedLinearKernel(groups=[0, 1], bias_bounds=(1e-2, 10)))
+    assert text == (
+        "GroupedLinearKernel(groups=<2 features in 2 groups>, variance=1, "
+        "bias=1, bias_bounds=(0.01, 10))"
+    )
 
 
 # ---------------------------------------------------------------------------
