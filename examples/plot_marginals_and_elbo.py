@@ -176,16 +176,16 @@ def main(argv=None):
     lr_marginals = [logreg.predict_proba(X)[:, lr_columns] for X in X_test]
     fig, ax = plt.subplots(figsize=(6, 6))
     gp_display = ReliabilityDisplay.from_predictions(
-        test_labels, gp_marginals, classes, ax=ax, label="GPStructClassifier")
+        test_labels, gp_marginals, classes, ax=ax, name="GPStructClassifier")
     ReliabilityDisplay.from_predictions(
         test_labels, lr_marginals, classes, ax=ax,
-        label="per-token LogisticRegression")
+        name="per-token LogisticRegression")
     crf_marginals = crfsuite_marginals(
         train_tokens, train_labels, test_tokens, template, classes)
     if crf_marginals is not None:
         ReliabilityDisplay.from_predictions(
             test_labels, crf_marginals, classes, ax=ax,
-            label="sklearn-crfsuite CRF (c2=0.1)")
+            name="sklearn-crfsuite CRF (c2=0.1)")
     print(f"GP expected calibration error: {gp_display.ece:.4f}")
     fig.tight_layout()
     fig.savefig(out / "plot_marginals_and_elbo_3_reliability.png", dpi=110)

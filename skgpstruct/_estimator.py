@@ -250,17 +250,24 @@ class _NoiseBudget:
 
 def _sequence_fingerprint(X_n):
     """A 64-bit integer determined by a sequence's feature values, whatever
-    their storage: dense or sparse in any format, stored zeros or not (the
-    values are hashed in one canonical form, CSR of float64 without zeros,
-    sorted; dense input hashed its own bytes and drew other samples)."""
-    # A copy: the caller's matrix (maybe in another thread of
-    # predict_marginals) is never changed.
-    X_n = sp.csr_matrix(X_n, dtype=np.float64, copy=True)
-    X_n.eliminate_zeros()
-    X_n.sum_duplicates()  # also sorts the indices
+    their storage: dense or sparse in any format, stored zeros or not. The
+    values are hashed in one canonical form: the CSR arrays of the nonzero
+    float64 values, row by row, columns sorted."""
+    if sp.issparse(X_n):
+        # A copy: the caller's matrix (maybe in another thread of
+        # predict_marginals) is never changed.
+        X_n = sp.csr_matrix(X_n, dtype=np.float64, copy=True)
+        X_n.sum_duplicates()  # sorts the indices; cancelling ones leave zeros
+        X_n.eliminate_zeros()
+        indptr, indices, data = X_n.indptr, X_n.indices, X_n.data
+    else:  # the same arrays without building a matrix (many short sequences)
+        X_n = np.asarray(X_n, dtype=np.float64)
+        nonzero = X_n != 0
+        indices = np.nonzero(nonzero)[1]  # row-major: sorted within rows
+        indptr = np.concatenate([[0], np.cumsum(nonzero.sum(axis=1))])
+        data = X_n[nonzero]
     digest = hashlib.blake2b(digest_size=8)
-    for part, dtype in ((X_n.indptr, np.int64), (X_n.indices, np.int64),
-                        (X_n.data, np.float64)):
+    for part, dtype in ((indptr, np.int64), (indices, np.int64), (data, np.float64)):
         digest.update(np.ascontiguousarray(part, dtype=dtype).tobytes())
     digest.update(str(X_n.shape).encode())
     return int.from_bytes(digest.digest(), "little")

@@ -67,7 +67,6 @@ printed).
 """
 
 import argparse
-import codecs
 import contextlib
 import os
 import pickletools
@@ -173,21 +172,12 @@ def _scale_or_none(text):
 
 def _encoding(text):
     """argparse type: the name of a Python text encoding."""
+    from .io import _check_encoding
+
     try:
-        codecs.lookup(text)
-    except LookupError:
-        raise argparse.ArgumentTypeError(
-            f"unknown encoding {text!r}; give a Python codec name such as "
-            "'utf-8' or 'euc-jp'"
-        ) from None
-    try:  # codecs such as 'rot13' or 'hex' are not text encodings
-        b"".decode(text)
-        "".encode(text)
-    except LookupError:
-        raise argparse.ArgumentTypeError(
-            f"{text!r} is not a text encoding; give one such as 'utf-8' or "
-            "'euc-jp'"
-        ) from None
+        _check_encoding(text, "give one such as 'utf-8' or 'euc-jp'")
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
     return text
 
 
@@ -458,7 +448,11 @@ def _check_output_path(path, what, inputs=()):
             f"cannot write {what} {path!r}: directory {directory!r} does not "
             "exist"
         )
-    if not os.access(directory, os.W_OK):
+    # Written in place: an existing file must be writable (/dev/null, or a
+    # file in a read-only folder), a new one needs a writable folder.
+    if os.path.exists(path) and not os.access(path, os.W_OK):
+        raise CommandError(f"cannot write {what} {path!r}: it is not writable")
+    if not os.path.exists(path) and not os.access(directory, os.W_OK):
         raise CommandError(
             f"cannot write {what} {path!r}: directory {directory!r} is not "
             "writable"

@@ -287,10 +287,10 @@ class FeatureSequences(list):
     that an estimator downstream in a ``Pipeline`` can give each template its
     own prior variance. Slicing or copying returns a plain list; every
     matrix that can hold an attribute (sparse matrices, not NumPy arrays)
-    carries the same ``feature_groups`` too, so that the subsets
-    cross-validation splitters take (plain lists of the same matrices) keep
-    their groups, and a model cross-validated on them is the model ``fit``
-    builds on the whole list.
+    carries the same ``feature_groups`` too (set, and removed with None,
+    by this list), so that the subsets cross-validation splitters take
+    (plain lists of the same matrices) keep their groups, and a model
+    cross-validated on them is the model ``fit`` builds on the whole list.
 
     Parameters
     ----------
@@ -308,13 +308,25 @@ class FeatureSequences(list):
 
     def __init__(self, sequences=(), feature_groups=None):
         super().__init__(sequences)
-        self.feature_groups = (
-            None if feature_groups is None else np.asarray(feature_groups)
-        )
-        if self.feature_groups is not None:
-            for matrix in self:
-                if sp.issparse(matrix):
-                    matrix.feature_groups = self.feature_groups
+        self.feature_groups = feature_groups
+
+    @property
+    def feature_groups(self):
+        """The column groups (ndarray of int), or None; setting them sets
+        (or, with None, removes) those of every sparse matrix too."""
+        return self._feature_groups
+
+    @feature_groups.setter
+    def feature_groups(self, feature_groups):
+        groups = None if feature_groups is None else np.asarray(feature_groups)
+        self._feature_groups = groups
+        for matrix in self:
+            if not sp.issparse(matrix):
+                continue
+            if groups is None:
+                matrix.__dict__.pop("feature_groups", None)
+            else:
+                matrix.feature_groups = groups
 
     def __reduce__(self):
         return (type(self), (list(self), self.feature_groups))

@@ -55,8 +55,9 @@ def read_conll(source, encoding="utf-8"):
     ------
     ValueError
         If the file holds no token, if lines have different numbers of
-        columns, or if it cannot be decoded with ``encoding``; the message
-        names the file and the line.
+        columns, or if it cannot be decoded with ``encoding`` (the message
+        names the file and the line); if ``encoding`` is not a text
+        encoding; if ``source`` is a directory.
     FileNotFoundError
         If ``source`` is a path that does not exist.
 
@@ -81,6 +82,8 @@ def read_conll(source, encoding="utf-8"):
     """
     if isinstance(source, str | bytes | os.PathLike):
         name = os.fsdecode(source)
+        if os.path.isdir(source):
+            raise ValueError(f"{name!r} is a directory, not a data file")
         with open(source, "rb") as handle:
             data = handle.read()
         return _parse(_decode(data, encoding, name), name)
@@ -145,24 +148,32 @@ def parse_conll(text, *, source="<string>"):
 
 
 #: How :func:`_decode`'s errors tell the caller to give an encoding.
-ENCODING_HINT = (
+_ENCODING_HINT = (
     "pass the file's encoding, e.g. encoding='euc-jp' for CRF++'s JapaneseNE data"
 )
 
 
-def _decode(data, encoding, name, hint=ENCODING_HINT):
+def _check_encoding(encoding, hint=_ENCODING_HINT):
+    """Raise a ValueError unless ``encoding`` names a Python text encoding
+    (``'rot13'`` or ``'hex'`` are codecs, but not text encodings)."""
+    try:
+        codecs.lookup(encoding)
+    except (LookupError, TypeError):
+        problem = "is not a known codec"
+    else:
+        try:
+            b"".decode(encoding)
+            "".encode(encoding)
+            return
+        except (LookupError, UnicodeError):  # 'undefined' raises the latter
+            problem = "is not a text encoding"
+    raise ValueError(f"encoding {encoding!r} {problem}; {hint}")
+
+
+def _decode(data, encoding, name, hint=_ENCODING_HINT):
+    _check_encoding(encoding, hint)
     try:
         return data.decode(encoding)
-    except LookupError:
-        try:
-            codecs.lookup(encoding)
-        except LookupError:
-            problem = "is not a known codec"
-        else:  # 'rot13', 'hex': codecs, but not text encodings
-            problem = "is not a text encoding"
-        raise ValueError(
-            f"encoding {encoding!r} {problem}; {hint}"
-        ) from None
     except UnicodeDecodeError as exc:
         line = data.count(b"\n", 0, exc.start) + 1
         column = exc.start - (data.rfind(b"\n", 0, exc.start) + 1) + 1
@@ -360,13 +371,9 @@ def _field(value, i, t):
 def _encode(text, encoding):
     """``text`` encoded, or a ValueError naming ``encoding`` (before any file
     is opened, so that a failure leaves an existing file as it was)."""
+    _check_encoding(encoding, "give a Python text encoding such as 'utf-8'")
     try:
         return text.encode(encoding)
-    except LookupError:
-        raise ValueError(
-            f"encoding={encoding!r} is not a known codec; give a Python codec "
-            "name such as 'utf-8' or 'euc-jp'"
-        ) from None
     except UnicodeEncodeError as exc:
         line = text.count("\n", 0, exc.start) + 1
         raise ValueError(
@@ -393,7 +400,8 @@ def write_conll(target, tokens, labels, *more_labels, sep=" ", encoding="utf-8")
     sep : {" ", "\\t"}, default=" "
         Column separator.
     encoding : str, default="utf-8"
-        Encoding of the written file (or of a binary file object).
+        Encoding of the written file (or of a binary file object); checked
+        always, but a file object open in text mode encodes with its own.
 
     Returns
     -------
@@ -419,6 +427,7 @@ def write_conll(target, tokens, labels, *more_labels, sep=" ", encoding="utf-8")
     >>> read_back == (tokens, labels)
     True
     """
+    _check_encoding(encoding, "give a Python text encoding such as 'utf-8'")
     text = format_conll(tokens, labels, *more_labels, sep=sep)
     if isinstance(target, str | bytes | os.PathLike):
         data = _encode(text, encoding)

@@ -1597,8 +1597,9 @@ def check_kernel(spec, *, sparse):
     ------
     ValueError
         If the specification is invalid, a hyperparameter or its bounds are
-        invalid, or the kernel cannot take sparse inputs while ``sparse`` is
-        True (:class:`SklearnKernel`, ARD :class:`RBFKernel`).
+        invalid, a hyperparameter starts outside its bounds, or the kernel
+        cannot take sparse inputs while ``sparse`` is True
+        (:class:`SklearnKernel`, ARD :class:`RBFKernel`).
 
     Examples
     --------
@@ -1612,7 +1613,23 @@ def check_kernel(spec, *, sparse):
     ValueError: kernel RBF(length_scale=1) is a scikit-learn kernel, which needs ...
     """
     kernel = get_kernel(spec)
-    kernel._hyperparameters()  # validates hyperparameter values and bounds
+    # Validates hyperparameter values and bounds; a start outside its bounds
+    # was clipped by the optimiser, with the hyperprior left centred outside
+    # them (LinearKernel(variance=1e9) ended at the upper bound).
+    for hp in kernel._hyperparameters():
+        if hp.bounds is None:
+            continue
+        low, high = hp.bounds[:, 0], hp.bounds[:, 1]
+        # a relative margin for values a fit ended at (rounded at a bound)
+        outside = (hp.value < low * (1 - 1e-9)) | (hp.value > high * (1 + 1e-9))
+        if np.any(outside):
+            i = int(np.flatnonzero(outside)[0])
+            where = "" if hp.scalar else f"[{i}]"
+            raise ValueError(
+                f"{hp.name}{where}={hp.value[i]:.4g} lies outside "
+                f"{hp.name}_bounds ({low[i]:.4g}, {high[i]:.4g}): start the "
+                f"kernel inside its bounds, or widen {hp.name}_bounds"
+            )
     if sparse and isinstance(kernel, SklearnKernel):
         raise ValueError(
             f"kernel {kernel.kernel!r} is a scikit-learn kernel, which needs "

@@ -23,6 +23,8 @@ Matplotlib is an optional dependency (the ``plot`` extra:
 drawn, so this module imports without it.
 """
 
+import warnings
+
 import numpy as np
 
 from ._checks import check_integer
@@ -109,12 +111,20 @@ class ELBOTraceDisplay:
     """
 
     def __init__(self, elbo_history, *, estimator_name=None):
-        history = np.asarray(elbo_history, dtype=np.float64)
-        if history.ndim != 1:
+        try:
+            history = np.asarray(elbo_history, dtype=np.float64)
+        except (TypeError, ValueError):
             raise ValueError(
-                "elbo_history must be a 1-D sequence of values (one per "
-                f"iteration), got an array of shape {history.shape}"
+                "elbo_history must be a 1-D sequence of numbers (one per "
+                f"iteration), got {elbo_history!r:.200}"
+            ) from None
+        if history.ndim != 1 or history.size == 0:
+            raise ValueError(
+                "elbo_history must be a non-empty 1-D sequence of values (one "
+                f"per iteration), got an array of shape {history.shape}"
             )
+        if not np.all(np.isfinite(history)):
+            raise ValueError("elbo_history contains NaN or infinite values")
         self.elbo_history = history
         self.estimator_name = estimator_name
 
@@ -128,7 +138,8 @@ class ELBOTraceDisplay:
         name : str or None, default=None
             Label of the line; defaults to ``estimator_name``.
         **kwargs : dict
-            Passed to :meth:`matplotlib.axes.Axes.plot`.
+            Passed to :meth:`matplotlib.axes.Axes.plot` (a ``label`` there
+            overrides ``name``).
 
         Returns
         -------
@@ -139,11 +150,12 @@ class ELBOTraceDisplay:
         name = self.estimator_name if name is None else name
         iterations = np.arange(1, self.elbo_history.shape[0] + 1)
         kwargs.setdefault("marker", "." if iterations.size <= 60 else None)
-        (self.line_,) = ax.plot(iterations, self.elbo_history, label=name, **kwargs)
+        kwargs.setdefault("label", name)
+        (self.line_,) = ax.plot(iterations, self.elbo_history, **kwargs)
         ax.set_xlabel("iteration")
         ax.set_ylabel("ELBO")
         ax.set_title("Evidence lower bound during the fit")
-        if name is not None:
+        if kwargs["label"] is not None:
             ax.legend(loc="lower right")
         self.ax_ = ax
         self.figure_ = ax.figure
@@ -182,11 +194,19 @@ class ELBOTraceDisplay:
         >>> len(display.line_.get_xdata()) == clf.n_iter_
         True
         """
+        from sklearn.utils.validation import check_is_fitted
+
         last = _last_step(estimator)
+        check_is_fitted(last)
         if not hasattr(last, "elbo_history_"):
+            if getattr(last, "inference", None) == "ess":
+                raise ValueError(
+                    "an inference='ess' fit has no ELBO (it samples the "
+                    "posterior); its trace is log_likelihood_history_"
+                )
             raise ValueError(
-                f"{type(last).__name__} has no elbo_history_: fit it first "
-                "(ELBOTraceDisplay needs a fitted GPStructClassifier)"
+                f"{type(last).__name__} has no elbo_history_: ELBOTraceDisplay "
+                "needs a fitted GPStructClassifier (variational inference)"
             )
         display = cls(
             last.elbo_history_,
@@ -201,7 +221,7 @@ class MarginalsDisplay:
 
     Tokens run along the horizontal axis and classes along the vertical one;
     cell ``(j, t)`` shows ``p(y_t = classes[j] | x)``. Optionally the true
-    labels are marked with a white dot.
+    labels are marked with hollow red circles.
 
     Parameters
     ----------
@@ -379,6 +399,13 @@ class MarginalsDisplay:
         >>> display.marginals.shape == (len(X[0]), len(clf.classes_))
         True
         """
+        if isinstance(X_seq, list | tuple) and X_seq and all(
+            _is_matrix(x) for x in X_seq
+        ):
+            raise ValueError(
+                f"X_seq must be one sequence, got a list of {len(X_seq)} "
+                "matrices: pass X[i], not X[i:j]"
+            )
         marginals = _predict_marginals(estimator, [X_seq])[0]
         display = cls(marginals, _last_step(estimator).classes_, tokens=tokens,
                       y_true=y_true)
@@ -386,6 +413,16 @@ class MarginalsDisplay:
 
 
 # ---------------------------------------------------------------------- #
+def _is_matrix(x):
+    """Whether ``x`` is a 2-D matrix (a sequence's features or token rows)."""
+    if hasattr(x, "tocsr"):
+        return True
+    try:
+        return np.ndim(x) == 2
+    except ValueError:  # ragged rows
+        return False
+
+
 def _flatten_marginals(y_true, marginals, classes):
     """(probabilities, outcomes) over every token and label, both 1-D."""
     classes = _check_classes(classes)
@@ -430,7 +467,22 @@ def _flatten_marginals(y_true, marginals, classes):
     if probs.shape[0] == 0:
         raise ValueError("y_true and marginals contain no tokens")
     _check_probabilities(probs)
-    outcomes = _check_known_labels(labels, classes)
+    outcomes = labels[:, None] == classes[None, :]
+    unknown = ~outcomes.any(axis=1)
+    if unknown.all():
+        raise ValueError(
+            f"no label of y_true is one of classes {classes.tolist()[:5]}: are "
+            "they labels of the same kind (e.g. not indices beside strings)?"
+        )
+    if unknown.any():
+        missing = sorted(set(labels[unknown].tolist()))
+        warnings.warn(
+            f"y_true has {int(unknown.sum())} token(s) with labels not in "
+            f"classes ({missing[:5]}{', ...' if len(missing) > 5 else ''}): "
+            "counted as outcomes of 0 in every column (the marginals give "
+            "them probability 0)",
+            UserWarning, stacklevel=3,
+        )
     return probs.ravel(), outcomes.ravel().astype(np.float64)
 
 
@@ -554,10 +606,31 @@ class ReliabilityDisplay:
 
     def __init__(self, prob_pred, prob_true, bin_counts, ece, *,
                  estimator_name=None):
-        self.prob_pred = np.asarray(prob_pred, dtype=np.float64)
-        self.prob_true = np.asarray(prob_true, dtype=np.float64)
-        self.bin_counts = np.asarray(bin_counts, dtype=np.int64)
-        self.ece = float(ece)
+        prob_pred = _float_array(prob_pred, "prob_pred")
+        prob_true = _float_array(prob_true, "prob_true")
+        counts = _float_array(bin_counts, "bin_counts")
+        for name, values in (("prob_pred", prob_pred), ("prob_true", prob_true),
+                             ("bin_counts", counts)):
+            if values.ndim != 1 or values.shape != prob_pred.shape:
+                raise ValueError(
+                    "prob_pred, prob_true and bin_counts must be 1-D arrays of "
+                    f"one length (one entry per non-empty bin); got shapes "
+                    f"{prob_pred.shape}, {prob_true.shape} and {counts.shape}"
+                )
+            if not np.all(np.isfinite(values)):
+                raise ValueError(f"{name} contains NaN or infinite values")
+        for name, values in (("prob_pred", prob_pred), ("prob_true", prob_true)):
+            if np.any(values < 0) or np.any(values > 1):
+                raise ValueError(f"{name} must hold probabilities in [0, 1]")
+        if np.any(counts < 0) or np.any(counts != np.round(counts)):
+            raise ValueError("bin_counts must hold non-negative integers")
+        ece = float(ece)
+        if not (np.isfinite(ece) and 0 <= ece <= 1):
+            raise ValueError(f"ece must be a number in [0, 1], got {ece!r}")
+        self.prob_pred = prob_pred
+        self.prob_true = prob_true
+        self.bin_counts = counts.astype(np.int64)
+        self.ece = ece
         self.estimator_name = estimator_name
 
     def plot(self, ax=None, *, name=None, ref_line=True, **kwargs):
@@ -574,7 +647,8 @@ class ReliabilityDisplay:
         ref_line : bool, default=True
             Draw the diagonal of perfect calibration (once per axes).
         **kwargs : dict
-            Passed to :meth:`matplotlib.axes.Axes.plot`.
+            Passed to :meth:`matplotlib.axes.Axes.plot` (a ``label`` there
+            overrides the one made of ``name`` and the ECE).
 
         Returns
         -------
@@ -592,8 +666,8 @@ class ReliabilityDisplay:
             ax.plot([0, 1], [0, 1], linestyle="--", color="grey",
                     label="perfectly calibrated")
         kwargs.setdefault("marker", "s")
-        (self.line_,) = ax.plot(self.prob_pred, self.prob_true, label=label,
-                                **kwargs)
+        kwargs.setdefault("label", label)
+        (self.line_,) = ax.plot(self.prob_pred, self.prob_true, **kwargs)
         ax.set_xlim(-0.02, 1.02)
         ax.set_ylim(-0.02, 1.02)
         ax.set_aspect("equal")
@@ -607,7 +681,7 @@ class ReliabilityDisplay:
 
     @classmethod
     def from_predictions(cls, y_true, marginals, classes, n_bins=10, ax=None,
-                         label=None, **kwargs):
+                         name=None, label=None, **kwargs):
         """Compute the reliability diagram of marginals and plot it.
 
         Parameters
@@ -625,15 +699,33 @@ class ReliabilityDisplay:
         n_bins : int, default=10
             Number of equal-width bins of [0, 1].
         ax : matplotlib.axes.Axes or None, default=None
+        name : str or None, default=None
+            Name of the tagger in the legend (``name``, as the other
+            displays' constructors and scikit-learn's take it).
         label : str or None, default=None
-            Name of the tagger in the legend.
+            Deprecated alias of ``name`` (the name it had first).
         **kwargs : dict
             Passed to :meth:`plot`.
 
         Returns
         -------
         display : ReliabilityDisplay
+
+        Notes
+        -----
+        A true label that is not one of ``classes`` (a label the tagger
+        never saw in training, such as CoNLL-2000's rare ``B-CONJP``) is an
+        event the marginals give probability 0 in every column: it counts
+        as an outcome of 0 for each of them, with a UserWarning naming it.
         """
+        if label is not None:
+            if name is not None:
+                raise ValueError("give the legend name as name=, not also label=")
+            warnings.warn(
+                "ReliabilityDisplay.from_predictions(label=...) is deprecated; "
+                "use name=...", FutureWarning, stacklevel=2,
+            )
+            name = label
         check_integer(n_bins, "n_bins", 1)
         probs, outcomes = _flatten_marginals(y_true, marginals, classes)
         edges = np.linspace(0.0, 1.0, n_bins + 1)
@@ -649,5 +741,5 @@ class ReliabilityDisplay:
             np.sum(counts[nonempty] * np.abs(prob_true - prob_pred)) / probs.size
         )
         display = cls(prob_pred, prob_true, counts[nonempty], ece,
-                      estimator_name=label)
+                      estimator_name=name)
         return display.plot(ax=ax, **kwargs)

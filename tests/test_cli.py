@@ -537,7 +537,7 @@ _ERRORS = {
     "unknown encoding": (
         lambda f, d: ["train", "-t", f.template, "--encoding", "no-such-codec",
                       f.train, d / "m.pkl"],
-        ["unknown encoding 'no-such-codec'"],
+        ["encoding 'no-such-codec' is not a known codec"],
     ),
     "undecodable file": (
         lambda f, d: ["train", "-t", f.template, _undecodable(d), d / "m.pkl"],
@@ -685,3 +685,21 @@ def test_output_that_its_encoding_cannot_hold_is_a_command_error(tmp_path):
                        r"output\) with encoding='latin-1'.*\(with --encoding\)"):
         _write_text("a O\n日本 O\n", str(path), "latin-1")
     assert path.read_text(encoding="utf-8") == "KEPT\n"
+
+
+def test_outputs_are_checked_for_writing_where_they_are_written(monkeypatch, tmp_path):
+    # The tests run as root, who may write anywhere: os.access is replaced
+    # by a table of what is writable. An existing file is written in place
+    # (its folder may be read-only: /dev/null); a new one needs its folder.
+    existing = tmp_path / "existing.out"
+    existing.write_text("")
+    writable = {str(existing)}
+    monkeypatch.setattr(cli.os, "access", lambda path, mode: str(path) in writable)
+    cli._check_output_path(str(existing), "output file")  # its folder read-only
+    with pytest.raises(cli.CommandError, match="directory .* is not writable"):
+        cli._check_output_path(str(tmp_path / "new.out"), "output file")
+    writable.clear()
+    with pytest.raises(cli.CommandError, match="existing.out': it is not writable"):
+        cli._check_output_path(str(existing), "output file")
+    writable.add(str(tmp_path))
+    cli._check_output_path(str(tmp_path / "new.out"), "output file")

@@ -389,6 +389,11 @@ def test_features_are_validated_and_lists_read_as_arrays():
     got = sample_posterior(X.tolist(), offsets.tolist(), labels.tolist(), kernel, 2,
                            n_iter=4, random_state=0)
     np.testing.assert_array_equal(got.unary_samples, expected.unary_samples)
+    for to_format in (sp.lil_matrix, sp.dok_matrix, sp.csc_matrix):
+        # any sparse format, as before the check of the values
+        got = sample_posterior(to_format(X), offsets, labels, kernel, 2, n_iter=4,
+                               random_state=0)
+        np.testing.assert_allclose(got.unary_samples, expected.unary_samples)
     bad = X.copy()
     bad[1, 0] = np.nan  # was a CholeskyError about the Gram matrix
     for features, match in [
@@ -568,6 +573,7 @@ def test_estimator_ess_refit_drops_an_earlier_fits_attributes():
     fitted = {name for name in vars(model) if name.endswith("_")}
     assert fitted == {name for name in vars(fresh) if name.endswith("_")}
     assert not hasattr(model, "saga_memory_bytes_")
+    assert not hasattr(model, "_saga_state") and not hasattr(model, "_saga_items")
 
 
 def test_estimator_ess_samples_at_the_hyperparameters_the_elbo_learns():

@@ -981,8 +981,6 @@ def test_predict_marginals_do_not_depend_on_the_storage_of_the_features(train_sp
 
 # --------------------------------------------------------------------------- #
 # bad input
-# --------------------------------------------------------------------------- #
-# bad input
 
 
 def _bad_fit_inputs():
@@ -1377,6 +1375,26 @@ def test_partial_fit_refuses_other_features(data):
         ValueError, match=r"partial_fit needs .* got number of features 7 \(was 8\)"
     ):
         model.partial_fit([x[:, :-1] for x in X], y)
+
+
+def test_a_silent_fit_gives_its_optimiser_no_callback(data, monkeypatch):
+    # L-BFGS mapped every iterate into the box for a callback that ignored it.
+    import skgpstruct._estimator as estimator_module
+
+    seen = []
+    original = estimator_module.minimize_lbfgs
+
+    def recording(*args, callback=None, **kwargs):
+        seen.append(callback)
+        return original(*args, callback=callback, **kwargs)
+
+    monkeypatch.setattr(estimator_module, "minimize_lbfgs", recording)
+    X, y, _, _ = data
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ConvergenceWarning)
+        GPStructClassifier(**{**FAST, "max_iter": 3}).fit(X, y)
+        GPStructClassifier(verbose=1, **{**FAST, "max_iter": 3}).fit(X, y)
+    assert seen[0] is None and callable(seen[1])
 
 
 @pytest.mark.parametrize(

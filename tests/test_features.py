@@ -13,6 +13,7 @@ from sklearn.pipeline import Pipeline, make_pipeline
 from skgpstruct import GPStructClassifier
 from skgpstruct.features import (
     CRFppTemplateVectorizer,
+    FeatureSequences,
     SequenceDictVectorizer,
     expand_crfpp_template,
 )
@@ -370,6 +371,12 @@ def test_cross_validation_folds_of_template_features_keep_their_groups():
     np.testing.assert_array_equal(part.kernel_.groups, whole.kernel_.groups)
     for estimator in folds["estimator"]:
         assert isinstance(estimator.kernel_, GroupedLinearKernel)
+    # The list sets its matrices' groups, and removes them with None.
+    plain = [m.copy() for m in fold]
+    wrapped = FeatureSequences(plain, feature_groups=X.feature_groups)
+    assert all(m.feature_groups is wrapped.feature_groups for m in plain)
+    wrapped.feature_groups = None
+    assert not any(hasattr(m, "feature_groups") for m in plain)
     # Matrices from elsewhere (no groups) and mixed lists: one shared variance.
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")

@@ -132,9 +132,15 @@ def test_unknown_encoding_is_reported(tmp_path):
     path.write_text("a B\n", encoding="utf-8")
     with pytest.raises(ValueError, match="not a known codec"):
         read_conll(path, encoding="no-such-codec")
-    # a codec, but not a text encoding (it was reported as unknown)
+    # codecs, but not text encodings (they were reported as unknown)
+    for codec in ("rot13", "hex", "undefined"):
+        with pytest.raises(ValueError, match=f"encoding '{codec}' is not a text "):
+            read_conll(path, encoding=codec)
+    # write_conll checks it also for a text target, which encodes on its own
     with pytest.raises(ValueError, match="encoding 'rot13' is not a text encoding"):
-        read_conll(path, encoding="rot13")
+        write_conll(io.StringIO(), [[["a"]]], [["O"]], encoding="rot13")
+    with pytest.raises(ValueError, match="is a directory, not a data file"):
+        read_conll(tmp_path)  # was an IsADirectoryError
 
 
 @pytest.mark.parametrize("content", ["", "\n\n  \n\t\n"])
@@ -229,7 +235,7 @@ def test_write_that_cannot_encode_leaves_the_file_as_it_was(tmp_path, encoding):
     # The file was emptied before the encoding failed.
     path = tmp_path / "out.data"
     path.write_text("IMPORTANT DATA\n", encoding="utf-8")
-    with pytest.raises(ValueError, match=f"encoding='{encoding}'"):
+    with pytest.raises(ValueError, match=f"encoding[= ]'{encoding}'"):
         write_conll(path, [[["日本"]]], [["O"]], encoding=encoding)
     assert path.read_text(encoding="utf-8") == "IMPORTANT DATA\n"
     buffer = io.TextIOWrapper(io.BytesIO(), encoding="latin-1")

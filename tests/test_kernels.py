@@ -588,6 +588,31 @@ def test_get_kernel():
             get_kernel(bad)
 
 
+def test_check_kernel_refuses_a_start_outside_the_bounds():
+    # The optimiser clipped it, the hyperprior stayed centred outside the
+    # bounds, and the fit ended at a bound (LinearKernel(variance=1e9)).
+    from skgpstruct import GPStructClassifier
+    from skgpstruct.datasets import make_sequences
+    from skgpstruct.kernels import GroupedLinearKernel
+
+    with pytest.raises(ValueError, match=r"variance=1e\+09 lies outside "
+                       r"variance_bounds \(1e-05, 1e\+05\)"):
+        check_kernel(LinearKernel(variance=1e9), sparse=False)
+    with pytest.raises(ValueError, match=r"length_scale=1e-08 lies outside"):
+        check_kernel(RBFKernel(length_scale=1e-8), sparse=False)
+    with pytest.raises(ValueError, match=r"variance\[1\]=1e\+07 lies outside"):
+        check_kernel(GroupedLinearKernel(groups=[0, 1], variance=[1, 1e7]),
+                     sparse=False)
+    with pytest.raises(ValueError, match=r"length_scale=1e-09 lies outside"):
+        check_kernel(RBF(length_scale=1e-9), sparse=False)
+    # at a bound (where a fit may end) and inside it: accepted
+    check_kernel(LinearKernel(variance=1e5), sparse=False)
+    check_kernel(LinearKernel(variance=1e9, variance_bounds="fixed"), sparse=False)
+    X, y = make_sequences(n_sequences=5, random_state=0)
+    with pytest.raises(ValueError, match="lies outside variance_bounds"):
+        GPStructClassifier(kernel=LinearKernel(variance=1e9)).fit(X, y)
+
+
 def test_check_kernel():
     assert isinstance(check_kernel("rbf", sparse=True), RBFKernel)
     assert isinstance(check_kernel(RBF(), sparse=False), SklearnKernel)

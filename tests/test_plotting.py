@@ -56,9 +56,52 @@ def test_elbo_trace_refuses_a_history_that_is_not_1d():
         ELBOTraceDisplay([[1.0, 2.0], [3.0, 4.0]])
 
 
-def test_elbo_trace_unfitted_raises():
-    with pytest.raises(ValueError, match="fit it first"):
+def test_elbo_trace_refuses_empty_or_non_finite_histories():
+    # An empty history drew empty axes; NaN and inf were drawn as gaps.
+    for bad, message in [([], "non-empty"), ([1.0, np.nan], "NaN or infinite"),
+                         ([1.0, -np.inf], "NaN or infinite"),
+                         (["a"], "sequence of numbers")]:
+        with pytest.raises(ValueError, match=message):
+            ELBOTraceDisplay(bad)
+
+
+def test_elbo_trace_from_estimator_errors():
+    from sklearn.exceptions import NotFittedError
+    from sklearn.linear_model import LogisticRegression
+
+    # scikit-learn's error for an unfitted estimator (it was a ValueError)
+    with pytest.raises(NotFittedError):
         ELBOTraceDisplay.from_estimator(GPStructClassifier())
+    # A fitted ESS model was told to "fit it first".
+    X, y = make_sequences(n_sequences=6, random_state=0)
+    ess = GPStructClassifier(inference="ess", ess_n_iter=20, ess_thin=1,
+                             learn_hyperparameters=False, random_state=0).fit(X, y)
+    with pytest.raises(ValueError, match="inference='ess' fit has no ELBO .*"
+                       "log_likelihood_history_"):
+        ELBOTraceDisplay.from_estimator(ess)
+    other = LogisticRegression().fit(np.vstack(X), np.concatenate(y))
+    with pytest.raises(ValueError, match="needs a fitted GPStructClassifier"):
+        ELBOTraceDisplay.from_estimator(other)
+
+
+def test_a_label_keyword_names_the_line():
+    # plot(label=...) collided with the label the display sets (TypeError:
+    # got multiple values for keyword argument 'label').
+    display = ELBOTraceDisplay([1.0, 2.0], estimator_name="GP").plot(label="mine")
+    assert display.line_.get_label() == "mine"
+    display = ReliabilityDisplay([0.3, 0.7], [0.0, 1.0], [2, 2], 0.3).plot(
+        label="mine"
+    )
+    assert display.line_.get_label() == "mine"
+    # from_predictions names the tagger with name=, as the other displays;
+    # label=, its first name, still works, with a FutureWarning.
+    y, m = [np.array([0, 1])], [np.array([[0.6, 0.4], [0.2, 0.8]])]
+    with pytest.warns(FutureWarning, match=r"from_predictions\(label=...\) is "
+                      "deprecated; use name="):
+        old = ReliabilityDisplay.from_predictions(y, m, [0, 1], label="GP")
+    assert old.line_.get_label().startswith("GP (ECE")
+    with pytest.raises(ValueError, match="not also label="):
+        ReliabilityDisplay.from_predictions(y, m, [0, 1], name="a", label="b")
 
 
 def test_marginals_from_estimator(fitted):
@@ -151,7 +194,7 @@ def test_reliability_against_hand_computation():
     marginals = [rng.dirichlet(np.ones(3) * 0.7, size=n) for n in lengths]
     y_true = [rng.choice(classes, size=n) for n in lengths]
     display = ReliabilityDisplay.from_predictions(
-        y_true, marginals, classes, n_bins=5, label="GP"
+        y_true, marginals, classes, n_bins=5, name="GP"
     )
     pred, true, counts, ece = _hand_reliability(y_true, marginals, classes, 5)
     np.testing.assert_allclose(display.prob_pred, pred)
@@ -184,8 +227,8 @@ def test_reliability_shares_axes():
     _, ax = plt.subplots()
     y = [np.array([0, 1])]
     m = [np.array([[0.6, 0.4], [0.2, 0.8]])]
-    ReliabilityDisplay.from_predictions(y, m, [0, 1], ax=ax, label="a")
-    ReliabilityDisplay.from_predictions(y, m, [0, 1], ax=ax, label="b")
+    ReliabilityDisplay.from_predictions(y, m, [0, 1], ax=ax, name="a")
+    ReliabilityDisplay.from_predictions(y, m, [0, 1], ax=ax, name="b")
     labels = [line.get_label() for line in ax.get_lines()]
     assert labels.count("perfectly calibrated") == 1
     assert len(labels) == 3
@@ -204,8 +247,22 @@ def test_reliability_input_checks():
     with pytest.raises(ValueError, match=r"marginals\[0\] must have shape .*"
                        r"\(4, 2\), got \(2, 4\)"):
         ReliabilityDisplay.from_predictions([[0, 1, 0, 1]], [marginals.T], [0, 1])
-    with pytest.raises(ValueError, match=r"labels not in classes: \['Z'\]"):
-        ReliabilityDisplay.from_predictions([["Z", "a"]], [marginals[:2]], ["a", "b"])
+    # Labels outside classes (a label never seen in training, such as
+    # chunking's B-CONJP) are outcomes of 0 in every column, with a warning
+    # (refused, they made the display unusable on two of the CRF++ test
+    # sets); none among classes is a mismatch of kinds.
+    with pytest.warns(UserWarning, match=r"1 token\(s\) with labels not in "
+                      r"classes \(\['Z'\]\): counted as outcomes of 0"):
+        unknown = ReliabilityDisplay.from_predictions(
+            [["Z", "a"]], [marginals[:2]], ["a", "b"], n_bins=10
+        )
+    flat_p = marginals[:2].ravel()
+    flat_o = np.array([0, 0, 1, 0])  # Z: no column; a: column 0
+    sk_true, sk_pred = calibration_curve(flat_o, flat_p, n_bins=10)
+    np.testing.assert_allclose(unknown.prob_true, sk_true)
+    np.testing.assert_allclose(unknown.prob_pred, sk_pred)
+    with pytest.raises(ValueError, match="no label of y_true is one of classes"):
+        ReliabilityDisplay.from_predictions([[0, 1]], [marginals[:2]], ["a", "b"])
     with pytest.raises(ValueError, match="distinct labels"):
         ReliabilityDisplay.from_predictions([[0, 1]], [marginals[:2]], [0, 0])
     with pytest.raises(ValueError, match="n_bins must be an integer"):
@@ -217,6 +274,32 @@ def test_reliability_input_checks():
         ReliabilityDisplay.from_predictions(
             ["a", "b"], [marginals[:1], marginals[1:2]], ["a", "b"]
         )
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (([0.1, 0.5], [0.2], [1, 2], 0.1), "1-D arrays of one length"),
+        (([[0.1]], [[0.2]], [[1]], 0.1), "1-D arrays of one length"),
+        (([np.nan], [0.2], [1], 0.1), "prob_pred contains NaN"),
+        (([0.1], [1.2], [1], 0.1), r"prob_true must hold probabilities in \[0, 1\]"),
+        (([0.1], [0.2], [1.7], 0.1), "bin_counts must hold non-negative integers"),
+        (([0.1], [0.2], [-1], 0.1), "bin_counts must hold non-negative integers"),
+        (([0.1], [0.2], [1], np.nan), r"ece must be a number in \[0, 1\]"),
+    ],
+)
+def test_reliability_constructor_checks_its_arrays(args, message):
+    # It checked nothing: matplotlib's shape error, NaN legends, 1.7 -> 1.
+    with pytest.raises(ValueError, match=message):
+        ReliabilityDisplay(*args)
+
+
+def test_marginals_from_estimator_takes_one_sequence(fitted):
+    clf, X, _ = fitted
+    # NumPy's 'inhomogeneous shape' named neither X_seq nor the slip.
+    with pytest.raises(ValueError, match=r"X_seq must be one sequence, got a "
+                       r"list of 2 matrices: pass X\[i\], not X\[i:j\]"):
+        MarginalsDisplay.from_estimator(clf, X[:2])
 
 
 def test_reliability_of_stacked_marginals_takes_per_sequence_labels():

@@ -362,8 +362,7 @@ def check_chain_size(n_tokens, n_classes, n_iter, burn_in, thin, memory_limit):
 def _check_stacked_features(X):
     """``X`` as a 2-D array of real numbers (a list is read as one) or a
     sparse matrix, with finite values; else a ValueError naming ``X``."""
-    if not sp.issparse(X):
-        X = np.asarray(X)
+    X = X.tocsr() if sp.issparse(X) else np.asarray(X)  # LIL, DOK: no .data
     if X.dtype.kind not in "biuf":
         raise ValueError(f"X must hold real numbers, got dtype {X.dtype}")
     if X.ndim != 2:
