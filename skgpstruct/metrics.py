@@ -64,9 +64,10 @@ sequences (chunk labels are made up from the synthetic classes):
 >>> y = [np.array(["O", "B-NP", "I-NP"])[labels] for labels in y]
 >>> scores = cross_validate(GPStructClassifier(random_state=0), X, y, cv=2,
 ...                         scoring=SCORERS)
->>> sorted(name for name in scores if name.startswith("test_"))
-['test_chunk_f1', 'test_chunk_precision', 'test_chunk_recall',
- 'test_sequence_accuracy', 'test_token_accuracy']
+>>> sorted(name for name in scores if name.startswith("test_"))[:3]
+['test_chunk_f1', 'test_chunk_precision', 'test_chunk_recall']
+>>> sorted(name for name in scores if name.startswith("test_"))[3:]
+['test_sequence_accuracy', 'test_token_accuracy']
 >>> scores["test_token_accuracy"].shape  # one score per fold
 (2,)
 
