@@ -333,6 +333,18 @@ OFFSET_WARNING_RATIO = 10.0
 #: variance starts below this are reported (make_sequences scaled by 0.01,
 #: 4.6e-4, gave a fit that ignored the features; by 0.03, 4.1e-3, fitted).
 SMALL_PRIOR_VARIANCE = 1e-3
+#: An RBF kernel object whose length scale is this many times below (or
+#: above) the median distance between distinct training tokens warns: with
+#: RBFKernel(length_scale=1e-2) on make_sequences' features (median
+#: distance about 3) a fit predicted the majority label, silently.
+LENGTH_SCALE_WARNING_RATIO = 100.0
+#: kernel="linear" on features whose mean squared token norm reaches this
+#: moves the variances' range with their start (1 / (mean_sq + 1)); below,
+#: the default range (1e-5, 1e5) is kept, as the benchmarks' fits had it.
+LARGE_MEAN_SQ = 1e4
+#: The range of the largest feature magnitude a fit accepts (see
+#: _check_feature_magnitudes), inside single precision's normal range.
+FEATURE_MAGNITUDES = (1e-32, 1e32)
 
 
 def _warn_linear_kernel_object(X_all, kernel):
@@ -368,6 +380,51 @@ def _warn_linear_kernel_object(X_all, kernel):
             "then ties every weight to the offset (the fit may learn to "
             "ignore the features): centre them (StandardScaler), or pass "
             "kernel='linear', which centres dense features",
+            UserWarning,
+            stacklevel=4,
+        )
+
+
+def _check_feature_magnitudes(X_all):
+    """Refuse, naming X, features whose largest magnitude lies outside
+    FEATURE_MAGNITUDES (all zero excepted).
+
+    The fit samples in single precision (range about 1e-38 to 3e38): values
+    beyond it were flushed to zero or to inf there (a fit failed with
+    advice to scale large features down for values of 1e-40), and tokens
+    of 1e-170 gave squared norms of zero, a fit that ignored the features
+    without a word. Small values beside larger ones are harmless.
+    """
+    largest = _largest_magnitude(X_all)
+    low, high = FEATURE_MAGNITUDES
+    if largest != 0.0 and not low <= largest <= high:
+        raise ValueError(
+            f"X's largest magnitude must lie within {low:g} and {high:g}, got "
+            f"{largest:.3g} (the fit samples in single precision): rescale the "
+            "features, e.g. with StandardScaler"
+        )
+
+
+def _warn_rbf_kernel_object(X_all, kernel):
+    """A UserWarning for an RBF kernel given as an object whose length scale
+    is far from the distances between the training tokens: the kernel then
+    sees all tokens alike or all apart, and fits learned to ignore the
+    features (the length scale did not move from 1e-2)."""
+    if not isinstance(kernel, RBFKernel) or kernel.anisotropic:
+        return
+    median = _median_distance(X_all)
+    length_scale = float(kernel.length_scale)
+    ratio = max(length_scale / median, median / length_scale)
+    if ratio > LENGTH_SCALE_WARNING_RATIO:
+        warnings.warn(
+            f"the RBF kernel given as an object has length_scale "
+            f"{length_scale:.3g}, {ratio:.3g} times "
+            f"{'below' if length_scale < median else 'above'} the median "
+            f"distance between distinct training tokens ({median:.3g}): the "
+            "kernel sees the tokens all "
+            f"{'apart' if length_scale < median else 'alike'} and the fit may "
+            "learn to ignore the features: start the length scale near that "
+            "distance, or pass kernel='rbf', which does",
             UserWarning,
             stacklevel=4,
         )
@@ -923,7 +980,9 @@ GroupedLinearKernel`: automatic relevance determination per group).
             Naming the argument and what is accepted, for: a parameter out
             of its range; ``X`` and ``y`` of different numbers of sequences
             or tokens; a single 2-D array instead of a list; NaN, infinite,
-            complex or string features, or values whose squares overflow;
+            complex or string features, or features whose largest
+            magnitude lies outside [1e-32, 1e32] (the fit samples in single
+            precision);
             a malformed sparse matrix (indices out of range, decreasing
             index pointers); dense and sparse sequences mixed; sequences of
             different widths, or with no feature; no token at all; labels of
@@ -1025,6 +1084,7 @@ GroupedLinearKernel`: automatic relevance determination per group).
                 "X has 0 features per token; at least one is required (a "
                 "feature extractor may have kept none, e.g. with a high min_count)"
             )
+        _check_feature_magnitudes(X_all)
         self._groups = self._check_feature_groups(X, n_features)
         feature_mean = self._feature_mean(X_all, is_sparse, partial)
         if feature_mean is not None:
@@ -1072,6 +1132,8 @@ GroupedLinearKernel`: automatic relevance determination per group).
             kernel = self._initial_kernel(X_all, is_sparse)
             if not is_sparse and feature_mean is None:
                 _warn_linear_kernel_object(X_all, kernel)
+            if not isinstance(self.kernel, str):
+                _warn_rbf_kernel_object(X_all, kernel)
             inducing = self._make_inducing(X_all, kernel, rng)
         # The fit's own inducing variables: the lone features collapsed, or
         # the same as the model's.
@@ -1337,22 +1399,24 @@ GroupedLinearKernel`: automatic relevance determination per group).
 
     def _initial_kernel(self, X_all, is_sparse):
         if isinstance(self.kernel, str) and self.kernel == "linear":
-            # Prior sd of a training token's potential starts at 1.
-            with np.errstate(over="ignore"):  # refused below
-                mean_sq = float(np.mean(_row_sq_norms(X_all)))
-            if not np.isfinite(mean_sq):
-                raise ValueError(
-                    "X's values are too large: their squares overflow (largest "
-                    f"|x| = {_largest_magnitude(X_all):.3g}); scale the features "
-                    "down"
-                )
+            # Prior sd of a training token's potential starts at 1. (The
+            # squares do not overflow: _check_feature_magnitudes.)
+            mean_sq = float(np.mean(_row_sq_norms(X_all)))
             if mean_sq >= 1.0 or mean_sq == 0.0:
                 scale = 1.0 / (mean_sq + 1.0)
+                # Large features (mean_sq from LARGE_MEAN_SQ): the range
+                # moved with the start, which the default range (1e-5, 1e5)
+                # clipped from mean_sq = 1e5 up, silently.
+                bounds = (
+                    (1e-5, 1e5) if mean_sq < LARGE_MEAN_SQ
+                    else (1e-5 * scale, 1e5 * scale)
+                )
                 if self._groups is not None:
                     return GroupedLinearKernel(
-                        self._groups, variance=scale, bias=scale
+                        self._groups, variance=scale, bias=scale,
+                        variance_bounds=bounds, bias_bounds=bounds,
                     )
-                return LinearKernel(variance=scale, bias=1.0)
+                return LinearKernel(variance=scale, bias=1.0, variance_bounds=bounds)
             # Features on a small scale: half the prior variance on them and
             # half on the offset, as at mean_sq = 1 (where both rules agree),
             # and the variance's range moved with its start. With the rule

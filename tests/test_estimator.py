@@ -1038,9 +1038,15 @@ def _bad_fit_inputs():
         "no features": (
             [np.zeros((len(x), 0)) for x in X], y, r"X has 0 features per token"
         ),
-        "squares overflow": (
+        # beyond single precision, in which the fit samples: flushed to inf
+        # or to zero there (1e-170: a fit that ignored the features)
+        "huge values": (
             [1e300 * x for x in X], y,
-            r"X's values are too large: their squares overflow \(largest \|x\| = ",
+            r"X's largest magnitude must lie within 1e-32 and 1e\+32, got ",
+        ),
+        "tiny values": (
+            [1e-170 * x for x in X], y,
+            r"X's largest magnitude must lie within 1e-32 and 1e\+32, got ",
         ),
     }
 
@@ -1627,6 +1633,44 @@ def test_linear_kernel_object_warns_of_features_it_does_not_suit():
             GPStructClassifier(kernel=kernel, **params).fit(data, y)
 
 
+def test_rbf_kernel_object_warns_of_a_length_scale_far_from_the_data():
+    # RBFKernel(length_scale=1e-2) on make_sequences' features (median
+    # distance between tokens about 3): the fit predicted the majority label
+    # with no word. By name, or near the median distance: no warning.
+    from skgpstruct.kernels import RBFKernel
+
+    X, y = make_sequences(n_sequences=20, random_state=0)
+    params = {"max_iter": 3, "n_inducing": 20, "random_state": 0}
+    for length_scale, side in ((1e-2, "below"), (1e3, "above")):
+        with pytest.warns(UserWarning, match=r"RBF kernel given as an object has "
+                          rf"length_scale .*times {side} the median distance"):
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", ConvergenceWarning)
+                GPStructClassifier(kernel=RBFKernel(length_scale=length_scale),
+                                   **params).fit(X, y)
+    for kernel in ("rbf", RBFKernel(length_scale=1.0), RBFKernel(length_scale=30.0)):
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", UserWarning)
+            warnings.simplefilter("ignore", ConvergenceWarning)
+            GPStructClassifier(kernel=kernel, **params).fit(X, y)
+
+
+def test_linear_kernel_by_name_moves_its_range_with_large_features():
+    # From features of 1e5 (mean squared norm 1e10) the start 1 / (mean_sq + 1)
+    # fell below the default range (1e-5, 1e5): clipped, silently, and the
+    # fit ended at the bound. The range now moves with the start.
+    X, y = make_sequences(n_sequences=20, random_state=0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UserWarning)
+        warnings.simplefilter("ignore", ConvergenceWarning)
+        model = GPStructClassifier(max_iter=20, random_state=0).fit(
+            [1e5 * x for x in X], y
+        )
+    low, high = model.kernel_.variance_bounds
+    assert low < model.kernel_.variance < high and high < 1e-5
+    assert model.score([1e5 * x for x in X], y) > 0.9
+
+
 def test_bool_labels_in_any_container_are_one_type():
     # np.bool_ is no numbers.Number: lists of NumPy booleans beside bool
     # arrays were refused as "mixed types (bool, number)".
@@ -1803,18 +1847,15 @@ def test_make_sequences_checks_its_arguments(params, message):
         make_sequences(**{"n_sequences": 3, **params})
 
 
-def test_fit_says_why_the_elbo_is_not_finite_at_the_start(data):
+def test_fit_refuses_features_beyond_single_precision_before_it_starts(data):
     # Features so large that the single-precision samples overflow: the
-    # optimiser's bare "not finite at x0" now says what to look at.
+    # optimiser said "not finite at x0" (later explained as "X's values may
+    # be too large"); now refused before the fit, naming X.
     X, y, _, _ = data
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", RuntimeWarning)  # the overflow itself
-        with pytest.raises(
-            ValueError,
-            match=r"the ELBO cannot be evaluated where the fit starts .*"
-            r"largest \|x\| = \d(\.\d+)?e\+100;",
-        ):
-            GPStructClassifier(**FAST).fit([1e100 * x for x in X], y)
+    with pytest.raises(ValueError, match=r"X's largest magnitude must lie within "
+                       r"1e-32 and 1e\+32, got 1e\+100 \(the fit samples in "
+                       r"single precision\)"):
+        GPStructClassifier(**FAST).fit([1e100 * x for x in X], y)
 
 
 def test_prediction_of_features_far_off_the_training_scale_names_x(data):
