@@ -916,6 +916,13 @@ GroupedLinearKernel`: automatic relevance determination per group).
             "pairwise_uncertainty", "collapse_lone_features",
         ):
             _check_flag(self, name)
+        if self.gradient == "score" and self.n_samples < 2:
+            # Its baseline is the samples' mean: with one sample the data's
+            # gradient is exactly zero (the fit learned nothing, "converged").
+            raise ValueError(
+                "gradient='score' needs n_samples >= 2 (16 or more "
+                f"recommended), got n_samples={self.n_samples}"
+            )
         if not isinstance(self.verbose, numbers.Integral) or self.verbose < 0:
             raise ValueError(
                 f"verbose must be a non-negative integer, got {self.verbose!r}"
@@ -1128,6 +1135,9 @@ GroupedLinearKernel`: automatic relevance determination per group).
                 )
         if warm:
             kernel, inducing = self.kernel_, self.inducing_
+            # Equal, but of the first fit's type (classes=[0., 1.] after
+            # integer labels made predict return floats).
+            classes = self.classes_
         else:
             kernel = self._initial_kernel(X_all, is_sparse)
             if not is_sparse and feature_mean is None:
@@ -1229,9 +1239,13 @@ GroupedLinearKernel`: automatic relevance determination per group).
         # box for a callback that would ignore it.
         progress = print_progress if verbose else None
 
-        # Attributes of a previous stochastic fit must not survive this one.
+        # Attributes of a previous stochastic fit must not survive this one;
+        # its SAGA state only into a stochastic fit that continues it.
         for name in ("saga_memory_bytes_", "validation_score_history_"):
             self.__dict__.pop(name, None)
+        if not (optimizer == "stochastic" and warm and not partial):
+            for name in ("_saga_state", "_saga_items"):
+                self.__dict__.pop(name, None)
         # Threads by default: the chunk terms release the GIL (compiled
         # chain and stacked-potential kernels, scipy's sparse products,
         # NumPy on large arrays) and
@@ -1547,6 +1561,12 @@ GroupedLinearKernel`: automatic relevance determination per group).
                 "early_stopping=True: the held-out sequences are all empty; "
                 "give more (non-empty) sequences or a larger validation_fraction"
             )
+        if sum(lengths[i] for i in order) == 0:
+            raise ValueError(
+                "early_stopping=True: the sequences left to fit are all empty "
+                "(the held-out ones hold every token); give more (non-empty) "
+                "sequences or a smaller validation_fraction"
+            )
         validation_groups = [
             held[sl] for sl in chunk_slices([lengths[i] for i in held], CHUNK_TOKENS)
         ]
@@ -1607,7 +1627,10 @@ GroupedLinearKernel`: automatic relevance determination per group).
         # A stored state is continued only on the same items (data,
         # mini-batches and seeds): another's records have other shapes. Only
         # warm starts keep or read one.
-        items = _chunks_fingerprint(objective.chunks) if self.warm_start else None
+        items = (
+            (_chunks_fingerprint(objective.chunks), repr(objective.likelihood))
+            if self.warm_start else None
+        )
         warm = None
         if continue_state and getattr(self, "_saga_items", None) == items:
             warm = getattr(self, "_saga_state", None)

@@ -1149,6 +1149,10 @@ BAD_PARAMS = [
     ({"n_inducing": 2.5}, r"n_inducing must be an integer >= 1"),
     ({"n_components": 0}, r"n_components must be an integer >= 1"),
     ({"n_samples": 0}, r"n_samples must be an integer >= 1"),
+    # one sample: the score estimator's baseline cancels the data's gradient
+    # (a fit learned nothing and "converged")
+    ({"gradient": "score", "n_samples": 1},
+     r"gradient='score' needs n_samples >= 2 \(16 or more recommended\)"),
     ({"max_iter": 0}, r"max_iter must be an integer >= 1"),
     ({"max_iter": True}, r"max_iter must be an integer >= 1"),
     ({"n_predict_samples": -1}, r"n_predict_samples must be an integer >= 1"),

@@ -697,3 +697,49 @@ def test_maximize_saga_refuses_a_non_finite_direction():
             np.zeros(2), 2, step_size=0.1, max_epochs=5,
             rng=np.random.default_rng(0),
         )
+
+
+def test_saga_state_is_kept_only_for_a_stochastic_fit_that_continues_it():
+    # A later cold L-BFGS fit kept (and pickled) the state, a still later
+    # warm stochastic fit resumed it; a warm fit with another likelihood
+    # continued the old likelihood's stored values (and stopped early).
+    X, y = make_sequences(n_sequences=24, length_range=(5, 12), random_state=0)
+    model = GPStructClassifier(optimizer="stochastic", batch_size=2, max_iter=2,
+                               random_state=0, warm_start=True)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ConvergenceWarning)
+        model.fit(X, y)
+        assert hasattr(model, "_saga_state")
+        items = model._saga_items
+        model.set_params(optimizer="lbfgs", warm_start=False, max_iter=2).fit(X, y)
+        assert not hasattr(model, "_saga_state")
+        model.set_params(optimizer="stochastic", warm_start=True).fit(X, y)
+        assert model._saga_state["t"] == 2 * 12  # started afresh: 2 epochs
+        model.set_params(likelihood="pseudo").fit(X, y)
+    assert model._saga_items != items  # the likelihood is part of the key
+    assert model._saga_state["t"] == 2 * 12
+
+
+def test_early_stopping_refuses_a_training_part_without_tokens():
+    # The held-out sequences held every token: the fit ran on the prior alone.
+    X, y = make_sequences(n_sequences=4, random_state=0)
+    X = [X[0], *[x[:0] for x in X[1:]]]
+    y = [y[0], *[s[:0] for s in y[1:]]]
+    model = GPStructClassifier(optimizer="stochastic", early_stopping=True,
+                               validation_fraction=0.25, random_state=8)
+    # (random_state=8 holds out the one non-empty sequence)
+    with pytest.raises(ValueError, match="the sequences left to fit are all empty"):
+        model.fit(X, y)
+
+
+def test_partial_fit_keeps_the_type_of_its_first_classes():
+    # classes=[0., 1., 2.] after integer classes: equal, but classes_ became
+    # float and predict returned floats.
+    X, y = make_sequences(n_sequences=12, random_state=0)
+    model = GPStructClassifier(random_state=0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ConvergenceWarning)
+        model.partial_fit(X[:6], y[:6], classes=[0, 1, 2])
+        model.partial_fit(X[6:], y[6:], classes=[0.0, 1.0, 2.0])
+    assert model.classes_.dtype.kind == "i"
+    assert model.predict(X[:1])[0].dtype.kind == "i"
