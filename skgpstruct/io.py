@@ -153,6 +153,10 @@ _ENCODING_HINT = (
 )
 
 
+#: The same advice where text is written.
+_TEXT_ENCODING_HINT = "give a Python text encoding such as 'utf-8'"
+
+
 def _check_encoding(encoding, hint=_ENCODING_HINT):
     """Raise a ValueError unless ``encoding`` names a Python text encoding
     (``'rot13'`` or ``'hex'`` are codecs, but not text encodings)."""
@@ -371,7 +375,7 @@ def _field(value, i, t):
 def _encode(text, encoding):
     """``text`` encoded, or a ValueError naming ``encoding`` (before any file
     is opened, so that a failure leaves an existing file as it was)."""
-    _check_encoding(encoding, "give a Python text encoding such as 'utf-8'")
+    _check_encoding(encoding, _TEXT_ENCODING_HINT)
     try:
         return text.encode(encoding)
     except UnicodeEncodeError as exc:
@@ -427,7 +431,6 @@ def write_conll(target, tokens, labels, *more_labels, sep=" ", encoding="utf-8")
     >>> read_back == (tokens, labels)
     True
     """
-    _check_encoding(encoding, "give a Python text encoding such as 'utf-8'")
     text = format_conll(tokens, labels, *more_labels, sep=sep)
     if isinstance(target, str | bytes | os.PathLike):
         data = _encode(text, encoding)
@@ -439,6 +442,10 @@ def write_conll(target, tokens, labels, *more_labels, sep=" ", encoding="utf-8")
             "target must be a path (str or path-like) or a file object open "
             f"for writing, got {type(target).__name__}"
         )
+    if not isinstance(target, io.RawIOBase | io.BufferedIOBase):
+        # Not used on a text target (which encodes with its own), but a
+        # wrong one is still an error (_encode checks it for the others).
+        _check_encoding(encoding, _TEXT_ENCODING_HINT)
     if isinstance(target, io.TextIOBase):
         # Checked first: a text file that fails half-way keeps half the text.
         own = getattr(target, "encoding", None)

@@ -467,8 +467,7 @@ def _flatten_marginals(y_true, marginals, classes):
     if probs.shape[0] == 0:
         raise ValueError("y_true and marginals contain no tokens")
     _check_probabilities(probs)
-    outcomes = labels[:, None] == classes[None, :]
-    unknown = ~outcomes.any(axis=1)
+    outcomes, unknown = _label_outcomes(labels, classes)
     if unknown.all():
         raise ValueError(
             f"no label of y_true is one of classes {classes.tolist()[:5]}: are "
@@ -536,11 +535,17 @@ def _check_probabilities(probs):
         raise ValueError("marginals must be probabilities in [0, 1]")
 
 
+def _label_outcomes(labels, classes):
+    """The (n_tokens, n_classes) outcomes of ``labels``, and the mask of
+    the tokens whose label is none of ``classes``."""
+    outcomes = labels[:, None] == classes[None, :]
+    return outcomes, ~outcomes.any(axis=1)
+
+
 def _check_known_labels(labels, classes):
     """The (n_tokens, n_classes) outcomes of ``labels``; every label must be
     one of ``classes``."""
-    outcomes = labels[:, None] == classes[None, :]
-    unknown = ~outcomes.any(axis=1)
+    outcomes, unknown = _label_outcomes(labels, classes)
     if unknown.any():
         missing = sorted(set(labels[unknown].tolist()))[:5]
         raise ValueError(f"y_true has labels not in classes: {missing}")

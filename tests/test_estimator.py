@@ -1602,6 +1602,15 @@ def test_continued_fits_keep_the_feature_mean_they_started_with():
     assert model.score(shifted, y) > 0.8
 
 
+def _fit_without_user_warnings(model, X, y):
+    """``model.fit(X, y)`` with every UserWarning but ConvergenceWarning an
+    error (ConvergenceWarning is a UserWarning: its filter comes first)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UserWarning)
+        warnings.simplefilter("ignore", ConvergenceWarning)
+        return model.fit(X, y)
+
+
 def test_linear_kernel_object_warns_of_features_it_does_not_suit():
     # A LinearKernel object uses dense features as given: moved by 10, the
     # fit predicted one label (0.332) with no word; it now warns, naming
@@ -1630,11 +1639,7 @@ def test_linear_kernel_object_warns_of_features_it_does_not_suit():
         (LinearKernel(), [0.03 * x for x in X]),
         (LinearKernel(), [sp.csr_matrix(x) for x in moved]),
     ):
-        with warnings.catch_warnings():
-            warnings.simplefilter("error", UserWarning)
-            # (ConvergenceWarning is a UserWarning: this filter comes first.)
-            warnings.simplefilter("ignore", ConvergenceWarning)
-            GPStructClassifier(kernel=kernel, **params).fit(data, y)
+        _fit_without_user_warnings(GPStructClassifier(kernel=kernel, **params), data, y)
 
 
 def test_rbf_kernel_object_warns_of_a_length_scale_far_from_the_data():
@@ -1653,10 +1658,7 @@ def test_rbf_kernel_object_warns_of_a_length_scale_far_from_the_data():
                 GPStructClassifier(kernel=RBFKernel(length_scale=length_scale),
                                    **params).fit(X, y)
     for kernel in ("rbf", RBFKernel(length_scale=1.0), RBFKernel(length_scale=30.0)):
-        with warnings.catch_warnings():
-            warnings.simplefilter("error", UserWarning)
-            warnings.simplefilter("ignore", ConvergenceWarning)
-            GPStructClassifier(kernel=kernel, **params).fit(X, y)
+        _fit_without_user_warnings(GPStructClassifier(kernel=kernel, **params), X, y)
 
 
 def test_linear_kernel_by_name_moves_its_range_with_large_features():
@@ -1664,12 +1666,9 @@ def test_linear_kernel_by_name_moves_its_range_with_large_features():
     # fell below the default range (1e-5, 1e5): clipped, silently, and the
     # fit ended at the bound. The range now moves with the start.
     X, y = make_sequences(n_sequences=20, random_state=0)
-    with warnings.catch_warnings():
-        warnings.simplefilter("error", UserWarning)
-        warnings.simplefilter("ignore", ConvergenceWarning)
-        model = GPStructClassifier(max_iter=20, random_state=0).fit(
-            [1e5 * x for x in X], y
-        )
+    model = _fit_without_user_warnings(
+        GPStructClassifier(max_iter=20, random_state=0), [1e5 * x for x in X], y
+    )
     low, high = model.kernel_.variance_bounds
     assert low < model.kernel_.variance < high and high < 1e-5
     assert model.score([1e5 * x for x in X], y) > 0.9

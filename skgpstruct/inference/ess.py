@@ -59,7 +59,7 @@ from scipy.linalg import blas
 
 from .. import chain
 from .._linalg import jitter_cholesky
-from .._sequences import chunk_slices
+from .._sequences import _check_finite, chunk_slices
 from .inducing import CollapsedFeatures
 
 __all__ = [
@@ -367,8 +367,7 @@ def _check_stacked_features(X):
         raise ValueError(f"X must hold real numbers, got dtype {X.dtype}")
     if X.ndim != 2:
         raise ValueError(f"X must be 2-D (n_tokens, n_features), got shape {X.shape}")
-    if not np.all(np.isfinite(X.data if sp.issparse(X) else X)):
-        raise ValueError("X contains NaN or infinite values; features must be finite")
+    _check_finite(X.data if sp.issparse(X) else X, "X")
     return X
 
 
