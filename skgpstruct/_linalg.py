@@ -9,6 +9,7 @@ import threading
 from contextlib import contextmanager
 
 import numpy as np
+import threadpoolctl
 from scipy import linalg
 from threadpoolctl import ThreadpoolController
 
@@ -132,12 +133,18 @@ def single_blas_thread():
     and counted: the first context in sets it, the last one out restores
     it, so that fits and chunks running in threads of one process do not
     lift it under each other.
+
+    The first context may open in one thread and the last close in
+    another: the limit and its restoration are made by whichever thread
+    they fall to (see :func:`_release_openblas_control`).
     """
     with _BLAS["lock"]:
         if _BLAS["users"] == 0:
             if _BLAS["controller"] is None:
                 _BLAS["controller"] = ThreadpoolController()
+            _release_openblas_control()
             _BLAS["limit"] = _BLAS["controller"].limit(limits=1, user_api="blas")
+            _release_openblas_control()
         _BLAS["users"] += 1
     try:
         yield
@@ -145,8 +152,30 @@ def single_blas_thread():
         with _BLAS["lock"]:
             _BLAS["users"] -= 1
             if _BLAS["users"] == 0:
+                _release_openblas_control()
                 _BLAS["limit"].restore_original_limits()
+                _release_openblas_control()
                 _BLAS["limit"] = None
+
+
+def _release_openblas_control():
+    """Let the next thread that sets OpenBLAS's thread count do so.
+
+    OpenBLAS built on pthreads (NumPy's and SciPy's wheels) has one thread
+    pool for the whole process. Recent threadpoolctl (3.8 here) lets one
+    thread at a time change its size: the first to set a limit, until that
+    thread's ``with`` block ends; a limit set from any other thread
+    silently does nothing. :func:`single_blas_thread` limits the whole
+    process from whichever thread a fit runs in, so it hands control back
+    after each change; without that, a fit in a worker thread (after one
+    in the main thread had set and lifted its limit) ran its BLAS on every
+    core and ended 1e-15 away from the same fit in the main thread.
+    Without this mechanism (older threadpoolctl) there is nothing to do.
+    """
+    controller_class = getattr(threadpoolctl, "OpenBLASController", None)
+    release = getattr(controller_class, "clear_controlling_thread", None)
+    if release is not None:
+        release(force=True)
 
 
 def same_vector(a, b):

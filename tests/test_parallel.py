@@ -239,6 +239,58 @@ def test_cached_bytes_are_counted_while_the_cache_grows():
     assert len(cache) == 3
 
 
+def test_single_blas_thread_limits_blas_from_any_thread():
+    # OpenBLAS (pthreads) has one pool per process, and threadpoolctl lets
+    # one thread at a time size it: a limit set from another thread did
+    # nothing once the main thread had set one (a fit in a worker thread
+    # then ran its BLAS on every core and rounded differently).
+    from concurrent.futures import ThreadPoolExecutor
+
+    from threadpoolctl import threadpool_info, threadpool_limits
+
+    from skgpstruct._linalg import single_blas_thread
+
+    def blas_threads():
+        return {i["num_threads"] for i in threadpool_info() if i["user_api"] == "blas"}
+
+    def limited_in_this_thread():
+        with single_blas_thread():
+            return blas_threads()
+
+    if not blas_threads():
+        pytest.skip("threadpoolctl finds no BLAS library in this process")
+    assert limited_in_this_thread() == {1}  # the main thread sets and lifts one
+    # Two threads to start from, and the main thread inside its own limit.
+    with threadpool_limits(limits=2, user_api="blas"):
+        with ThreadPoolExecutor(1) as pool:
+            assert pool.submit(limited_in_this_thread).result() == {1}
+        assert blas_threads() == {2}  # restored, from the worker thread
+    with ThreadPoolExecutor(1) as pool:
+        pool.submit(limited_in_this_thread).result()
+    assert limited_in_this_thread() == {1}  # and the main thread again
+
+
+def test_fit_in_a_worker_thread_is_the_fit_in_the_main_thread():
+    # Inducing points: their matrix products are large enough for OpenBLAS
+    # to split them over threads, which rounds differently.
+    from concurrent.futures import ThreadPoolExecutor
+
+    X, y = make_sequences(n_sequences=60, n_features=20, n_classes=4, random_state=0)
+
+    def fit():
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", ConvergenceWarning)
+            return GPStructClassifier(
+                kernel="rbf", n_inducing=60, max_iter=2, random_state=0
+            ).fit(X, y)
+
+    main = fit()
+    with ThreadPoolExecutor(1) as pool:
+        worker = pool.submit(fit).result()
+    np.testing.assert_array_equal(main.q_mu_, worker.q_mu_)
+    np.testing.assert_array_equal(main.q_sqrt_, worker.q_sqrt_)
+
+
 def test_single_blas_thread_is_counted_and_restored():
     # The limit holds until the last open context closes (fits and chunks in
     # threads of one process share it), then the original is back.
