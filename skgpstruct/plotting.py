@@ -286,7 +286,11 @@ class MarginalsDisplay:
             )
         _check_probabilities(marginals)
         if y_true is not None:
-            _check_known_labels(np.asarray(y_true), classes)
+            _, unknown = _label_outcomes(np.asarray(y_true), classes)
+            _check_unknown_labels(
+                np.asarray(y_true), unknown, classes,
+                "have no row on the map and are not marked", stacklevel=2,
+            )
         self.marginals = marginals
         self.classes = classes
         self.tokens = tokens
@@ -468,20 +472,11 @@ def _flatten_marginals(y_true, marginals, classes):
         raise ValueError("y_true and marginals contain no tokens")
     _check_probabilities(probs)
     outcomes, unknown = _label_outcomes(labels, classes)
-    if unknown.all():
-        raise ValueError(
-            f"no label of y_true is one of classes {classes.tolist()[:5]}: are "
-            "they labels of the same kind (e.g. not indices beside strings)?"
-        )
-    if unknown.any():
-        missing = sorted(set(labels[unknown].tolist()))
-        warnings.warn(
-            f"y_true has {int(unknown.sum())} token(s) with labels not in "
-            f"classes ({missing[:5]}{', ...' if len(missing) > 5 else ''}): "
-            "counted as outcomes of 0 in every column (the marginals give "
-            "them probability 0)",
-            UserWarning, stacklevel=3,
-        )
+    _check_unknown_labels(
+        labels, unknown, classes,
+        "are counted as outcomes of 0 in every column (the marginals give them "
+        "probability 0)", stacklevel=3,
+    )
     return probs.ravel(), outcomes.ravel().astype(np.float64)
 
 
@@ -542,14 +537,24 @@ def _label_outcomes(labels, classes):
     return outcomes, ~outcomes.any(axis=1)
 
 
-def _check_known_labels(labels, classes):
-    """The (n_tokens, n_classes) outcomes of ``labels``; every label must be
-    one of ``classes``."""
-    outcomes, unknown = _label_outcomes(labels, classes)
+def _check_unknown_labels(labels, unknown, classes, consequence, stacklevel):
+    """Refuse true labels none of which is a class (labels of another kind,
+    such as indices beside strings); warn about some that are not (a label
+    the model never saw), saying what becomes of them; ``stacklevel`` as
+    :func:`warnings.warn`'s, counted from the caller of this function."""
+    if unknown.all():
+        raise ValueError(
+            f"no label of y_true is one of classes {classes.tolist()[:5]}: are "
+            "they labels of the same kind (e.g. not indices beside strings)?"
+        )
     if unknown.any():
-        missing = sorted(set(labels[unknown].tolist()))[:5]
-        raise ValueError(f"y_true has labels not in classes: {missing}")
-    return outcomes
+        missing = sorted(set(labels[unknown].tolist()))
+        warnings.warn(
+            f"y_true has {int(unknown.sum())} token(s) with labels not in "
+            f"classes ({missing[:5]}{', ...' if len(missing) > 5 else ''}): "
+            f"they {consequence}",
+            UserWarning, stacklevel=stacklevel + 1,
+        )
 
 
 class ReliabilityDisplay:

@@ -121,6 +121,17 @@ def test_marginals_from_estimator(fitted):
     assert display.colorbar_ is not None
 
 
+def test_marginals_unknown_true_label_is_not_marked_with_a_warning():
+    # A test sequence may hold a label the model never saw: the map is
+    # drawn, that token has no marker, and the warning says so.
+    with pytest.warns(UserWarning, match=r"1 token\(s\) with labels not in "
+                      r"classes \(\['z'\]\): they have no row"):
+        display = MarginalsDisplay(
+            np.ones((3, 2)) / 2, ["a", "b"], y_true=["a", "z", "b"]
+        ).plot()
+    np.testing.assert_array_equal(display.true_labels_.get_ydata(), [0, np.nan, 1])
+
+
 def test_marginals_through_pipeline():
     rng = np.random.default_rng(0)
     words = ["the", "cat", "sat", "on", "mat"]
@@ -146,8 +157,8 @@ def test_marginals_shape_checks():
     for bad in (np.full((3, 2), np.nan), np.full((3, 2), 1.5), -np.ones((3, 2))):
         with pytest.raises(ValueError, match=r"probabilities in \[0, 1\]"):
             MarginalsDisplay(bad, ["a", "b"])
-    with pytest.raises(ValueError, match=r"labels not in classes: \['z'\]"):
-        MarginalsDisplay(np.ones((3, 2)) / 2, ["a", "b"], y_true=["a", "z", "b"])
+    with pytest.raises(ValueError, match="no label of y_true is one of classes"):
+        MarginalsDisplay(np.ones((3, 2)) / 2, ["a", "b"], y_true=[0, 1, 0])
     with pytest.raises(ValueError, match="1-D array of distinct labels"):
         MarginalsDisplay(np.ones((3, 1)), "A")
     # Were an IndexError, NumPy's 'inhomogeneous shape' and an empty map.
@@ -252,7 +263,7 @@ def test_reliability_input_checks():
     # (refused, they made the display unusable on two of the CRF++ test
     # sets); none among classes is a mismatch of kinds.
     with pytest.warns(UserWarning, match=r"1 token\(s\) with labels not in "
-                      r"classes \(\['Z'\]\): counted as outcomes of 0"):
+                      r"classes \(\['Z'\]\): they are counted as outcomes of 0"):
         unknown = ReliabilityDisplay.from_predictions(
             [["Z", "a"]], [marginals[:2]], ["a", "b"], n_bins=10
         )
