@@ -296,6 +296,21 @@ def _has_bool(value):
     return np.asarray(value).dtype == bool
 
 
+def _same_value(a, b):
+    """Whether two constructor parameter values are the same: strings and
+    objects with parameters of their own by ``==``, numbers and array-likes
+    by shape and entries."""
+    if isinstance(a, str) or isinstance(b, str):
+        return isinstance(a, str) and isinstance(b, str) and a == b
+    if hasattr(a, "get_params") or hasattr(b, "get_params"):
+        return bool(a == b)
+    try:
+        a, b = np.asarray(a), np.asarray(b)
+    except ValueError:  # ragged
+        return False
+    return a.shape == b.shape and bool(np.array_equal(a, b))
+
+
 def _format_value(value):
     if isinstance(value, str):
         return repr(value)
@@ -448,6 +463,18 @@ class Kernel(abc.ABC):
         for name, sub_params in nested.items():
             valid[name].set_params(**sub_params)
         return self
+
+    def __eq__(self, other):
+        """Whether ``other`` is a kernel of the same class with the same
+        constructor parameters (arrays compared entry by entry, nested
+        scikit-learn kernels with their own ``==``), as scikit-learn's
+        kernels compare. Kernels are therefore not hashable."""
+        if type(self) is not type(other):
+            return False
+        mine, theirs = self.get_params(deep=False), other.get_params(deep=False)
+        return all(_same_value(mine[name], theirs[name]) for name in mine)
+
+    __hash__ = None
 
     def __repr__(self):
         # Hyperparameter values first, in constructor order, then the bounds

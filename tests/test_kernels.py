@@ -20,6 +20,7 @@ from sklearn.gaussian_process.kernels import (
 from skgpstruct import kernels as kernels_module
 from skgpstruct.kernels import (
     KERNELS,
+    GroupedLinearKernel,
     Kernel,
     LinearKernel,
     RBFKernel,
@@ -529,8 +530,31 @@ def test_sklearn_clone_of_holder(kernel):
     cloned.kernel.theta = cloned.kernel.theta + 1.0
     assert not np.allclose(cloned.kernel.theta, kernel.theta)
     assert repr(clone(holder).kernel) == repr(kernel)
+    assert clone(holder).kernel == kernel
     restored = pickle.loads(pickle.dumps(kernel))
     assert repr(restored) == repr(kernel)
+    assert restored == kernel
+
+
+def test_kernels_compare_by_class_and_parameters():
+    assert RBFKernel(1.5, 0.3) == RBFKernel(variance=1.5, length_scale=0.3)
+    assert RBFKernel(1.5, 0.3) != RBFKernel(1.5, 0.4)
+    assert RBFKernel(length_scale=[1.0, 2.0]) == RBFKernel(
+        length_scale=np.array([1.0, 2.0])
+    )
+    assert RBFKernel(length_scale=[1.0, 2.0]) != RBFKernel(length_scale=[1.0, 3.0])
+    assert RBFKernel(length_scale=[1.0, 2.0]) != RBFKernel(length_scale=[1.0])
+    assert LinearKernel(bias_bounds="fixed") != LinearKernel()
+    assert LinearKernel() != RBFKernel()  # another class, whatever the values
+    grouped = GroupedLinearKernel([0, 0, 1], variance=[2.0, 0.5])
+    assert grouped == GroupedLinearKernel(np.array([0, 0, 1]), variance=[2.0, 0.5])
+    assert grouped != GroupedLinearKernel([0, 1, 1], variance=[2.0, 0.5])
+    wrapped = SklearnKernel(ConstantKernel(2.0) * RBF(1.0))
+    assert wrapped == SklearnKernel(ConstantKernel(2.0) * RBF(1.0))
+    assert wrapped != SklearnKernel(ConstantKernel(2.0) * RBF(3.0))
+    assert RBFKernel() != "RBFKernel()"
+    with pytest.raises(TypeError, match="unhashable"):
+        hash(RBFKernel())  # equal kernels would need equal hashes
 
 
 def test_get_params_set_params():
