@@ -917,8 +917,9 @@ GroupedLinearKernel`: automatic relevance determination per group).
         ):
             _check_flag(self, name)
         if self.gradient == "score" and self.n_samples < 2:
-            # Its baseline is the samples' mean: with one sample the data's
-            # gradient is exactly zero (the fit learned nothing, "converged").
+            # Each sample's baseline is the mean of the others: one sample
+            # has none (with its own value as baseline, the data's gradient
+            # was exactly zero: the fit learned nothing and "converged").
             raise ValueError(
                 "gradient='score' needs n_samples >= 2 (16 or more "
                 f"recommended), got n_samples={self.n_samples}"

@@ -1071,6 +1071,82 @@ def test_score_and_pathwise_agree_in_expectation(K, full):
     assert np.corrcoef(means["pathwise"], means["score"])[0, 1] > 0.95
 
 
+class _LinearInPotentials(Likelihood):
+    """``log p(y | f, P) = sum_t f[t, y_t] + P[0, 1]`` per sequence: its
+    expected value is linear in the posterior means, so one pathwise draw
+    gives the exact gradient with respect to them."""
+
+    has_gradient = True
+
+    def _log_prob(self, unary, pairwise, offsets, labels):
+        return self._log_prob_and_gradient(unary, pairwise, offsets, labels)[0]
+
+    def _log_prob_and_gradient(self, unary, pairwise, offsets, labels):
+        S, T, n_labels = unary.shape
+        n_seq = len(offsets) - 1
+        own = unary[:, np.arange(T), labels]  # (S, T)
+        log_p = np.add.reduceat(own, offsets[:-1], axis=1) + pairwise[:, 0, 1, None]
+        grad_unary = np.zeros_like(unary)
+        grad_unary[:, np.arange(T), labels] = 1.0
+        grad_pairwise = np.zeros((S, n_seq, n_labels, n_labels))
+        grad_pairwise[:, :, 0, 1] = 1.0
+        return log_p, grad_unary, grad_pairwise
+
+
+@pytest.mark.parametrize(
+    "reference, block",
+    [(False, "pairwise_mean"), (True, "pairwise_mean"), (True, "q_mu")],
+)
+def test_score_gradient_is_unbiased_with_two_samples(reference, block):
+    # With the samples' own values in their baseline, the score gradient
+    # was (S - 1) / S of the exact one in expectation: half at S = 2, in the
+    # fit's importance-weighted rounds (reference) for every block, and in
+    # the plain estimator for the transitions (whose control variate reused
+    # the estimate's transition draws).
+    objective, layout, x0 = _problem(
+        "linear", features=True, estimator="pathwise", S=2
+    )
+    objective.likelihood = _LinearInPotentials()
+    # The other block's spread small (inducing features: no residual), so
+    # that this block's score is not drowned in its noise.
+    spread = {"q_sqrt": 0.01, "pairwise_log_std": 0.01}
+    spread["q_sqrt" if block == "q_mu" else "pairwise_log_std"] = 0.3
+    for name, sd in spread.items():
+        x0[layout.slices[name]] = np.log(sd)
+    with Parallel(n_jobs=1) as parallel:
+        exact = objective.evaluate(x0, parallel, include_kl=False).gradient
+        objective.estimator = "score"
+        grads = []
+        for key in range(1, 201):
+            objective.pairwise_noise = np.random.default_rng(key).normal(
+                size=objective.pairwise_noise.shape
+            )
+            grads.append(objective.evaluate(
+                x0, parallel, iteration_key=key, include_kl=False,
+                reference=x0 if reference else None,
+            ).gradient)
+    sl = layout.slices[block]
+    e = exact[sl]
+    assert np.abs(e).max() > 0.5  # the block has a gradient
+    # The mean gradient's projection on the exact one, in its units.
+    slopes = np.array(grads)[:, sl] @ e / (e @ e)
+    mean, error = slopes.mean(), slopes.std() / np.sqrt(len(slopes))
+    assert error < 0.1  # precise enough to tell 1 from 1/2 (4 errors: 0.4)
+    assert abs(mean - 1.0) < 4 * error, (mean, error)
+
+
+def test_score_estimator_refuses_one_sample():
+    # Each sample's baseline is the mean of the others: one has none.
+    objective, layout, x0 = _problem("rbf", estimator="score", S=2)
+    with pytest.raises(ValueError, match="needs n_samples >= 2"):
+        SparseELBO(
+            objective.chunks, objective.inducing, objective.kernel,
+            ChainCRF(), layout, n_samples=1, estimator="score",
+            pairwise_prior_variance=1.0,
+            pairwise_noise=objective.pairwise_noise[:1], residual_floor=1e-6,
+        )
+
+
 def test_control_variate_reduces_variance():
     variances = {}
     for control_variate in (True, False):

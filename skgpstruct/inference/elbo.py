@@ -209,6 +209,11 @@ class SparseELBO:
         hyperprior_center=None,
         sample_dtype=np.float32,
     ):
+        if estimator == "score" and n_samples < 2:
+            raise ValueError(
+                "the score estimator needs n_samples >= 2 (each sample's "
+                f"baseline is the mean of the others), got {n_samples}"
+            )
         self.chunks = chunks
         self.inducing = inducing
         self.kernel = kernel

@@ -791,11 +791,24 @@ def _score(chunk, shared, projection, residual_sd, rng):
     an independent baseline set of samples).
 
     With ``shared.reference`` the samples are drawn once from the reference
-    posterior q0 and the objective is the self-normalised importance
-    estimate ``J = sum_s w_s log p_s / sum_s w_s`` with
+    posterior q0 and the objective is built on the self-normalised
+    importance estimate ``J = sum_s w_s log p_s / sum_s w_s`` with
     ``w_s = q(f_s) q(P_s) / (q0(f_s) q0(P_s))``: deterministic and bounded,
-    so that L-BFGS can maximise it; the returned gradient is its exact
-    gradient (at ``q = q0``, the score estimate with the sample-mean baseline).
+    so that L-BFGS can maximise it. At ``q = q0`` the gradient of ``J`` is
+    the score estimate with the sample mean of ``log p`` as baseline, which
+    holds each sample's own value: in expectation it is ``(S - 1) / S`` of
+    the expected log-likelihood's gradient, the data under-weighted against
+    the exact KL. So the objective is ``lbar + S / (S - 1) (J - lbar)``,
+    ``lbar`` the plain mean of the fixed ``log p_s``: its value at ``q0`` is
+    the plain Monte Carlo estimate, and its gradient there the score
+    estimate with each sample's baseline the mean of the others
+    (leave-one-out), unbiased. The returned gradient is this objective's
+    exact gradient. ``S >= 2`` (the estimator refuses fewer samples).
+
+    The control variate's baseline set (plain estimator) has its own draws
+    of the unaries and of the transitions: a coefficient estimated on the
+    estimate set's transitions would be correlated with their score, and
+    bias the transitions' gradient by ``(S - 1) / S`` the same way.
     """
     params = shared.params
     ref = shared.reference
@@ -838,15 +851,20 @@ def _score(chunk, shared, projection, residual_sd, rng):
         shared.pairwise_noise
     )
     unary = samples.transpose(0, 1, 4, 3, 2)  # (2, K, S, T, V)
-    pairwise = np.tile(pair0, (K, 1, 1))
     log_p = shared.likelihood.log_prob(
-        np.ascontiguousarray(unary[0]).reshape(K * S, T, V), pairwise, offsets,
-        chunk.labels,
+        np.ascontiguousarray(unary[0]).reshape(K * S, T, V),
+        np.tile(pair0, (K, 1, 1)), offsets, chunk.labels,
     ).reshape(K, S, n_seq)
-    log_p_base = shared.likelihood.log_prob(
-        np.ascontiguousarray(unary[1]).reshape(K * S, T, V), pairwise, offsets,
-        chunk.labels,
-    ).reshape(K, S, n_seq)
+    use_control_variate = shared.control_variate and ref is None
+    if use_control_variate:
+        # The baseline set: independent unaries (eta[1]) and transitions.
+        pair_base = params0.pairwise_mean[None] + params0.pairwise_std[
+            None
+        ] * rng.standard_normal(shared.pairwise_noise.shape)
+        log_p_base = shared.likelihood.log_prob(
+            np.ascontiguousarray(unary[1]).reshape(K * S, T, V),
+            np.tile(pair_base, (K, 1, 1)), offsets, chunk.labels,
+        ).reshape(K, S, n_seq)
 
     # Pairwise posterior: its score and importance weight at the samples.
     std = params.pairwise_std
@@ -892,7 +910,7 @@ def _score(chunk, shared, projection, residual_sd, rng):
 
         # Control-variate coefficient from the baseline set (section 5.1):
         # a = sum_s |h_s|^2 log p_s / sum_s |h_s|^2, h the score.
-        if shared.control_variate and ref is None:
+        if use_control_variate:
             # Baseline samples come from the same (current) posterior.
             zb = np.swapaxes(chol_inv, -1, -2) @ eta[1, :, :, t0:t1, :]
             outer_b = np.einsum("kvts,kvus->kvstu", zb, zb) - sigma_inv[:, :, None]
@@ -910,11 +928,18 @@ def _score(chunk, shared, projection, residual_sd, rng):
         else:
             # Self-normalised weights: J = sum_s w_s log p_s / sum_s w_s is
             # bounded, so L-BFGS cannot run off by inflating one weight; its
-            # gradient is the score estimate with a weighted-mean baseline.
+            # gradient is the score estimate with a weighted-mean baseline,
+            # scaled by S / (S - 1) about the plain mean (leave-one-out).
             p_s = np.exp(log_weight - log_weight.max(axis=1, keepdims=True))
             p_s /= p_s.sum(axis=1, keepdims=True)
-            per_component = np.sum(p_s * log_p[:, :, n], axis=1)
-            centred = p_s * (log_p[:, :, n] - per_component[:, None]) * w[:, None]
+            weighted = np.sum(p_s * log_p[:, :, n], axis=1)
+            plain = log_p[:, :, n].mean(axis=1)
+            leave_one_out = S / (S - 1)
+            per_component = plain + leave_one_out * (weighted - plain)
+            centred = (
+                leave_one_out * p_s * (log_p[:, :, n] - weighted[:, None])
+                * w[:, None]
+            )
         ell += float(np.dot(w, per_component))
         grad_weights += per_component
         g_b = np.einsum("kvts,ks->kvt", z, centred)
