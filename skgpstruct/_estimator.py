@@ -102,7 +102,7 @@ def _explained_start(X_all):
         raise ValueError(
             f"the ELBO cannot be evaluated where the fit starts ({exc}): X's "
             f"values may be too large (largest |x| = {_largest_magnitude(X_all):.3g};"
-            " scale the features down), or the likelihood gives -inf or NaN"
+            " scale the features down), or the kernel's values are not finite"
         ) from None
 
 

@@ -674,10 +674,17 @@ def _batch(S=2, T=5, V=3):
          r"expected real numbers of shape \(2, 2\)"),
         (0, r"shape \(\); expected"),
         ([[0.0, 0.0], [0.0]], "not an array"),
-        (np.full((2, 2), np.nan), "NaN log-likelihood"),
+        (np.full((2, 2), np.nan), r"returned nan for sequence 0 \(sample 0\)"),
+        # Were accepted: +inf is never a log-probability, -inf makes the
+        # ELBO -inf (a CallableLikelihood's function was refused both).
+        (np.array([[0.0, 0.0], [0.0, np.inf]]),
+         r"returned inf for sequence 1 \(sample 1\); log-likelihoods must be "
+         r"finite"),
+        (np.array([[0.0, -np.inf], [0.0, 0.0]]),
+         r"returned -inf for sequence 1 \(sample 0\)"),
         (np.zeros((2, 2), dtype=complex), "dtype complex128"),
     ],
-    ids=["shape", "scalar", "ragged", "NaN", "complex"],
+    ids=["shape", "scalar", "ragged", "NaN", "+inf", "-inf", "complex"],
 )
 def test_subclass_log_prob_output_is_checked(value, message):
     # It failed later with a reshape or attribute error from the engine.
@@ -691,7 +698,13 @@ def test_subclass_log_prob_output_is_checked(value, message):
         (1, np.zeros((2, 5)), r"unary gradient .* shape \(2, 5\); expected .*"
          r"\(2, 5, 3\)"),
         (2, np.zeros((2, 3, 3)), r"pairwise gradient .* expected .*\(2, 2, 3, 3\)"),
-        (0, np.full((2, 2), np.nan), "NaN log-likelihood"),
+        (0, np.full((2, 2), np.nan), "returned nan for sequence 0"),
+        # Were accepted, and a fit stopped with "line search failed".
+        (1, np.where(np.arange(30).reshape(2, 5, 3) == 7, np.nan, 0.0),
+         r"unary gradient with nan at index \(0, 2, 1\) \(1 entries not "
+         r"finite\); gradients must be finite"),
+        (2, np.full((2, 2, 3, 3), np.inf), r"pairwise gradient with inf at index "
+         r"\(0, 0, 0, 0\) \(36 entries"),
     ],
 )
 def test_subclass_gradient_output_is_checked(index, bad, message):

@@ -47,12 +47,42 @@ def _checked(likelihood, what, value, shape, where=""):
     return array
 
 
-def _checked_log_prob(likelihood, value, shape):
-    """:func:`_checked` for the log-likelihood, which must not be NaN."""
-    log_p = _checked(likelihood, "log-likelihood", value, shape)
-    if np.isnan(log_p).any():
-        raise ValueError(f"{likelihood!r} returned a NaN log-likelihood")
+def _finite_log_prob(who, log_p, sequence=None):
+    """``log_p`` of shape (S, n_sequences), or (S,) for sequence number
+    ``sequence``, if every value is finite; otherwise a ValueError naming
+    ``who`` (the likelihood, or its name), the sequence and the sample."""
+    bad = np.argwhere(~np.isfinite(log_p))
+    if bad.size:
+        index = tuple(int(i) for i in bad[0])
+        sample, sequence = index if sequence is None else (index[0], sequence)
+        raise ValueError(
+            f"{who} returned {log_p[index]} for sequence {sequence} (sample "
+            f"{sample}); log-likelihoods must be finite (NaN or +inf is a bug "
+            "in the likelihood; -inf makes the ELBO -inf: give every "
+            "labelling a positive probability)"
+        )
     return log_p
+
+
+def _checked_log_prob(likelihood, value, shape):
+    """:func:`_checked` for the log-likelihood, which must be finite."""
+    return _finite_log_prob(
+        repr(likelihood), _checked(likelihood, "log-likelihood", value, shape)
+    )
+
+
+def _checked_gradient(likelihood, what, value, shape):
+    """:func:`_checked` for a gradient, which must be finite."""
+    gradient = _checked(likelihood, what, value, shape)
+    bad = np.argwhere(~np.isfinite(gradient))
+    if bad.size:
+        index = tuple(int(i) for i in bad[0])
+        raise ValueError(
+            f"{likelihood!r} returned a {what} with {gradient[index]} at index "
+            f"{index} ({bad.shape[0]} entries not finite); gradients must be "
+            "finite"
+        )
+    return gradient
 
 
 class Likelihood(ABC):
@@ -129,7 +159,9 @@ class Likelihood(ABC):
             label lies outside ``[0, n_classes)`` (the checks of
             :func:`skgpstruct.chain.log_likelihood`); or if
             :meth:`_log_prob` returns something else than real numbers of
-            that shape, or NaN.
+            that shape, or a value that is not finite (NaN and ``+inf`` are
+            bugs; ``-inf``, a labelling of probability zero, would make the
+            ELBO ``-inf``).
         """
         unary, pairwise, offsets, labels = _checked_inputs(
             unary, pairwise, offsets, labels
@@ -151,6 +183,16 @@ class Likelihood(ABC):
         grad_pairwise : ndarray of shape (n_samples, n_sequences, n_classes, n_classes)
             Gradient of each sequence's log-likelihood with respect to the
             shared pairwise potentials.
+
+        Raises
+        ------
+        NotImplementedError
+            If the likelihood provides no gradient (``has_gradient`` is
+            False).
+        ValueError
+            As :meth:`log_prob`; also if :meth:`_log_prob_and_gradient`
+            does not return three arrays of these shapes, or a gradient
+            holds a value that is not finite.
         """
         if not self.has_gradient:
             raise NotImplementedError(
@@ -169,8 +211,8 @@ class Likelihood(ABC):
         S, n_seq, V = unary.shape[0], len(offsets) - 1, unary.shape[2]
         return (
             _checked_log_prob(self, out[0], (S, n_seq)),
-            _checked(self, "unary gradient", out[1], unary.shape),
-            _checked(self, "pairwise gradient", out[2], (S, n_seq, V, V)),
+            _checked_gradient(self, "unary gradient", out[1], unary.shape),
+            _checked_gradient(self, "pairwise gradient", out[2], (S, n_seq, V, V)),
         )
 
     def decoding_pairwise(self, pairwise):

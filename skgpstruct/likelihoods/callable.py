@@ -2,7 +2,7 @@
 
 import numpy as np
 
-from .base import Likelihood, _checked
+from .base import Likelihood, _checked, _finite_log_prob
 
 __all__ = ["CallableLikelihood"]
 
@@ -106,15 +106,7 @@ class CallableLikelihood(Likelihood):
             name, "log-likelihood (one per sample)", value, (n_samples,),
             where=f" for sequence {n}",
         ).astype(np.float64, copy=False)
-        bad = np.flatnonzero(~np.isfinite(value))
-        if bad.size:
-            raise ValueError(
-                f"{name} returned {value[bad[0]]} for sequence {n} (sample "
-                f"{bad[0]}); log-likelihoods must be finite (NaN is a bug in "
-                "the function; -inf makes the ELBO -inf: give every labelling "
-                "a positive probability)"
-            )
-        return value
+        return _finite_log_prob(name, value, sequence=n)
 
     def _name(self):
         return getattr(self.func, "__qualname__", None) or repr(self.func)
