@@ -2,9 +2,10 @@
 
 For each data set: a batch GP and a CRF (``c2=0.1``; the regularisation
 does not change what a prediction costs) fitted on Table 1's fold 0, and
-as test set every sequence of the data set outside the Table 1 pool (the
-dev pool of ``dev_splits.py``: thousands of tokens, several of the
-estimator's chunks). ``predict`` and ``predict_marginals`` are timed in
+as test set every sequence of the data set's ``test.data`` outside the
+Table 1 pool (all of it for seg, whose pool is ``train.data``: thousands
+of tokens, several of the estimator's chunks; only times are measured
+on them). ``predict`` and ``predict_marginals`` are timed in
 alternating rounds: the GP with ``n_jobs=1`` and ``n_jobs=2`` (the
 chunks of ``predict_marginals`` in threads; ``predict`` does not use
 ``n_jobs``), the CRF beside them (its input, crfsuite's feature dicts,
@@ -21,6 +22,7 @@ Run from the repository root (sklearn-crfsuite from the ``bench`` extra)::
 import argparse
 import sys
 import warnings
+from pathlib import Path
 
 import numpy as np
 from _common import (
@@ -43,9 +45,9 @@ from _common import (
     to_crfsuite,
     write_json,
 )
-from dev_splits import dev_pool
 
 from skgpstruct import GPStructClassifier
+from skgpstruct.io import read_conll
 
 COLUMNS = [
     "data set", "test tokens", "GP predict ms", "CRF predict ms",
@@ -56,12 +58,23 @@ COLUMNS = [
 ]
 
 
+def timing_pool(data_dir, dataset):
+    """Token rows and labels of ``test.data``'s sequences after the Table 1
+    pool (all of them when the pool is another file)."""
+    tokens, labels = read_conll(
+        Path(data_dir) / "crfpp" / dataset.name / "test.data",
+        encoding=dataset.encoding,
+    )
+    start = dataset.n_data if dataset.pool_file == "test.data" else 0
+    return tokens[start:], labels[start:]
+
+
 def fold_and_pool(data_dir, dataset):
-    """Fold 0's training features and labels, and the dev pool's features
+    """Fold 0's training features and labels, and the timing pool's features
     and labels (the vocabulary of the training fold)."""
     tokens, labels, template = load_pool(data_dir, dataset)
     train, _ = fold_split(read_folds(data_dir, dataset), 0, dataset.n_train)
-    test_tokens, test_labels, _ = dev_pool(data_dir, dataset.name)
+    test_tokens, test_labels = timing_pool(data_dir, dataset)
     X_train, X_test, names, _ = template_features(
         template, take(tokens, train), test_tokens
     )

@@ -304,6 +304,31 @@ def test_table1_hyperprior_option(bench_table1):
         parser.parse_args(["--hyperprior-scale", "wide"])
 
 
+@pytest.mark.shared_data
+def test_dev_pools_share_no_sentence_with_a_benchmark(dev_splits, shared_data_dir):
+    # Defaults are chosen on the dev splits: none of their sentences may be
+    # one a benchmark trains or tests on. basenp's test.data is section 2's
+    # whole pool, and chunking's test.data holds the same sentences.
+    from skgpstruct.io import read_conll
+
+    def sentences(name, file_name, start=0, stop=None):
+        tokens, _ = read_conll(
+            shared_data_dir / "crfpp" / name / file_name,
+            encoding=dev_splits.DATASETS[name].encoding,
+        )
+        return {tuple(row[0] for row in seq) for seq in tokens[start:stop]}
+
+    benchmark = set()
+    for name, dataset in dev_splits.DATASETS.items():
+        benchmark |= sentences(name, dataset.pool_file, 0, dataset.n_data)
+    benchmark |= sentences("basenp", "test.data")  # section 2
+    for name in dev_splits.DEV_SPLITS:
+        tokens, labels, _ = dev_splits.dev_pool(shared_data_dir, name)
+        dev = {tuple(row[0] for row in seq) for seq in tokens}
+        assert len(tokens) >= 19 and len(tokens) == len(labels)
+        assert not dev & benchmark, name
+
+
 def test_dev_setting_parser(dev_splits):
     assert dev_splits.parse_setting("a=1 b=0.5,c=x") == {"a": 1, "b": 0.5, "c": "x"}
     assert dev_splits.parse_setting("a=None b=True c=False") == {
