@@ -219,10 +219,14 @@ def calibration(y_true, marginals, classes, n_bins=10):
 
     Returns
     -------
-    dict with ``nll`` (nats per token) and ``ece`` (a fraction).
+    dict with ``nll`` (nats per token) and ``ece`` (a fraction); both NaN
+    (failed values) when a marginal is not finite.
     """
     y = np.concatenate([np.asarray(s, dtype=object) for s in y_true])
     P = np.vstack(marginals)
+    if not np.all(np.isfinite(P)):
+        # A token in no bin would lower the ECE: both figures failed.
+        return {"nll": float("nan"), "ece": float("nan")}
     index = {c: i for i, c in enumerate(classes)}
     true_index = np.array([index.get(v, -1) for v in y])
     rows = np.arange(len(y))
@@ -604,7 +608,9 @@ def prediction_rows(results):
     """Markdown rows: per data set of ``results`` (name -> fold results), the
     GP's and the protocol CRF's mean ``predict`` and ``predict_marginals``
     times on the test folds, and their ratios (per fold, then averaged).
-    Folds without both models' times (earlier JSON) are left out."""
+    Folds without both models' times (earlier JSON) are left out; a fold
+    where the GP failed counts as a failed value (NaN, noted "[n failed]")."""
+    nan = float("nan")
     rows = []
     for name, folds in results.items():
         # bench_table1 nests the GP's numbers under "gp", bench_ess does not
@@ -613,15 +619,16 @@ def prediction_rows(results):
         ]
         pairs = [
             (gp, crf) for gp, crf in pairs
-            if "marginals_time" in gp and "marginals_time" in crf
+            if ("marginals_time" in gp or "failure" in gp)
+            and "marginals_time" in crf
         ]
-        if not pairs:
+        if not any("marginals_time" in gp for gp, _ in pairs):
             continue
         row = [name]
         for key in ("predict_time", "marginals_time"):
-            gp = [1e3 * g[key] for g, _ in pairs]
+            gp = [1e3 * g.get(key, nan) for g, _ in pairs]
             crf = [1e3 * c[key] for _, c in pairs]
-            ratios = [g[key] / c[key] for g, c in pairs]
+            ratios = [g.get(key, nan) / c[key] for g, c in pairs]
             row += [
                 format_mean_std(gp, digits=1, unit=" ms"),
                 format_mean_std(crf, digits=1, unit=" ms"),
@@ -636,14 +643,20 @@ def calibration_rows(results, models):
 
     ``models`` lists ``(label, key)``: a fold's calibration is
     ``fold[key]["calibration"]``, or ``fold["calibration"]`` when ``key`` is
-    None; folds without it are skipped.
+    None. A model that did not run (no ``key``) has no row; a fold where it
+    failed (its result has a ``failure``) counts as a failed value (NaN,
+    noted "[n failed]").
     """
+    failed = {"nll": float("nan"), "ece": float("nan")}
     rows = []
     for name, folds in results.items():
         for label, key in models:
             owners = folds if key is None else [f[key] for f in folds if key in f]
-            cals = [o["calibration"] for o in owners if "calibration" in o]
-            if cals:
+            cals = [
+                o.get("calibration", failed) for o in owners
+                if "calibration" in o or "failure" in o
+            ]
+            if any("calibration" in o for o in owners):
                 rows.append([
                     name, label,
                     format_mean_std([c["nll"] for c in cals], digits=3),
@@ -667,6 +680,26 @@ def command_line():
     return shlex.join(argv)
 
 
+def _git_commit():
+    """The commit of the skgpstruct checkout that runs (with ``+dirty`` when
+    its tracked files differ from it), or None outside a git checkout."""
+    import subprocess
+
+    root = Path(skgpstruct.__file__).resolve().parents[1]
+    try:
+        commit = subprocess.run(
+            ["git", "-C", str(root), "rev-parse", "--short", "HEAD"],
+            capture_output=True, text=True, check=True, timeout=10,
+        ).stdout.strip()
+        dirty = subprocess.run(
+            ["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no"],
+            capture_output=True, text=True, check=True, timeout=10,
+        ).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return commit + ("+dirty" if dirty else "") if commit else None
+
+
 def environment():
     """Versions and machine facts worth recording beside timings."""
     import sklearn
@@ -681,6 +714,7 @@ def environment():
         "scipy": __import__("scipy").__version__,
         "scikit-learn": sklearn.__version__,
         "skgpstruct": skgpstruct.__version__,
+        "commit": _git_commit(),
     }
     try:
         from importlib.metadata import version
@@ -749,6 +783,30 @@ def fit_gp(params, verbose, X_train, y_train, X_test, y_test):
     if hasattr(gp, "saga_memory_bytes_"):
         result["saga_memory_bytes"] = int(gp.saga_memory_bytes_)
     return result
+
+
+def failure_status(results):
+    """A script's exit status: 1, with a line on stderr, when a fit recorded
+    a ``failure`` anywhere in ``results`` (nested dicts and lists; its
+    figures show as failed: the run is not a benchmark result), else 0."""
+    failures = []
+
+    def walk(node):
+        if isinstance(node, dict):
+            if "failure" in node:
+                failures.append(node["failure"])
+            for value in node.values():
+                walk(value)
+        elif isinstance(node, list | tuple):
+            for value in node:
+                walk(value)
+
+    walk(results)
+    if failures:
+        print(f"{len(failures)} fit(s) failed (first: {failures[0]}); exit "
+              "status 1", file=sys.stderr)
+        return 1
+    return 0
 
 
 def read_json(path):

@@ -285,6 +285,9 @@ def _peer_cells(folds, key, field="error", digits=2, unit=""):
 
 def main(argv=None):
     args = build_parser().parse_args(argv)
+    if len(set(args.folds)) < len(args.folds):
+        # A fold run twice would count twice in the means and differences.
+        sys.exit(f"--folds repeats a fold: {args.folds}")
     if not 0.0 <= args.burn_in < 1.0:
         sys.exit(f"--burn-in must be a fraction in [0, 1), got {args.burn_in}")
     if args.n_iter is None:

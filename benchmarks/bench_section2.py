@@ -76,6 +76,7 @@ from _common import (
     command_line,
     crfsuite_available,
     environment,
+    failure_status,
     fit_gp,
     format_mean_std,
     load_pool,
@@ -620,7 +621,7 @@ def main(argv=None):
             "results": results,
         }
         write_json(args.out, payload)
-    return 0
+    return failure_status(results)
 
 
 if __name__ == "__main__":

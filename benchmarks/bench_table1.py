@@ -51,6 +51,7 @@ from _common import (
     crfsuite_available,
     difference_rows,
     environment,
+    failure_status,
     fit_gp,
     fold_split,
     format_mean_std,
@@ -144,7 +145,11 @@ def build_parser():
         "or 'none' for none (type-II maximum likelihood)",
     )
     gp.add_argument("--n-jobs", type=int, metavar="N")
-    gp.add_argument("--random-state", type=int, metavar="SEED")
+    gp.add_argument(
+        "--random-state", type=int, default=0, metavar="SEED",
+        help="the GP's random_state (default 0, as the suite's runs: a run "
+        "without a seed could not be reproduced)",
+    )
     return parser
 
 
@@ -249,6 +254,9 @@ def summary_rows(results, with_crf):
 
 def main(argv=None):
     args = build_parser().parse_args(argv)
+    if args.folds is not None and len(set(args.folds)) < len(args.folds):
+        # A fold run twice would count twice in the means and differences.
+        sys.exit(f"--folds repeats a fold: {args.folds}")
     data_dir = check_data_dir(args.data)
     folds_to_run = args.folds if args.folds is not None else list(range(5))
     if args.quick:
@@ -291,6 +299,13 @@ def main(argv=None):
     print()
     print(markdown_table(header, summary_rows(results, with_crf)))
     print()
+    failed = [f"{name} {r['fold']}" for name, folds in results.items()
+              for r in folds if "failure" in r["gp"]]
+    if failed:
+        print(f"The GP FAILED on fold(s) {', '.join(failed)}: its means (marked "
+              "[n failed]) cover the other folds, the peers' every fold; the "
+              "paired differences below pair the same folds.")
+        print()
     print("GP / CRF time = GP fit time / (CRF c2 selection + CRF refit), per "
           "fold, then averaged. CRF: c2 over the protocol's grid "
           f"{list(CRF_C2_GRID)}; CRF {{1e-4..10}}: over "
@@ -368,7 +383,7 @@ def main(argv=None):
             "results": results,
         }
         write_json(args.out, payload)
-    return 0
+    return failure_status(results)
 
 
 if __name__ == "__main__":

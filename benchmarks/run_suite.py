@@ -232,6 +232,12 @@ def _time_ratios(folds, peer):
     return ratios
 
 
+def _calibration_or_failed(result):
+    """A model's calibration figures in a fold, NaN (a failed value) where
+    the model failed."""
+    return result.get("calibration", {"nll": float("nan"), "ece": float("nan")})
+
+
 def _ms(values, digits=2, unit=""):
     return format_mean_std(values, digits=digits, unit=unit) if values else "-"
 
@@ -278,6 +284,14 @@ def steps_section(suite, results):
             continue
         status = "0" if record["returncode"] == 0 else (
             f"**{record['returncode']} (FAILED)**")
+        if payload is not None and payload.get("command") not in (
+            None, record["command"]
+        ):
+            # The JSON was written by another command than the recorded run.
+            rows.append([step.name, f"`{payload['command']}` (the JSON's; the "
+                         f"suite's record: `{record['command']}`)", "?", "?",
+                         "yes" if payload.get("quick") else "no"])
+            continue
         rows.append([step.name, f"`{record['command']}`", status,
                      f"{record['seconds']:.0f} s",
                      "yes" if record.get("quick") else "no"])
@@ -319,7 +333,8 @@ def table1_section(suite, results):
                 _ms(_values(folds, "logreg", "error")),
                 f"{row}: {PAPER_TABLE1[name][row]}" if row else "no paper row",
             ])
-            cal = _values(gps, "calibration")
+            cal = [_calibration_or_failed(g) for g in gps
+                   if "calibration" in g or "failure" in g]
             cal_rows.append([
                 name, f"GP, {step.title}",
                 _ms([c["nll"] for c in cal], 3), _ms([c["ece"] for c in cal], 4),
@@ -337,9 +352,15 @@ def table1_section(suite, results):
                 n_iter = str(payload.get("options", {}).get("n_iter", "-"))
                 converged = "-"
             else:
-                n_iter = _ms([g["n_iter"] for g in gps if "n_iter" in g], 0)
+                n_iter = _ms([g.get("n_iter", float("nan")) for g in gps
+                              if "n_iter" in g or "failure" in g], 0)
                 conv = [g["converged"] for g in gps if "converged" in g]
-                converged = f"{sum(conv)}/{len(conv)}" if conv else "-"
+                n_failed = sum("failure" in g for g in gps)
+                converged = (
+                    f"{sum(conv)}/{len(conv) + n_failed}"
+                    + (f" [{n_failed} failed]" if n_failed else "")
+                    if conv or n_failed else "-"
+                )
             predict_rows += [
                 [row[0], step.title, *row[1:]]
                 for row in prediction_rows({name: folds})
@@ -561,6 +582,24 @@ SECTIONS = (steps_section, table1_section, section2_section, scale_section,
             chain_section, stacked_section, block_cache_section, dask_section)
 
 
+def _environment_lines(envs):
+    """The report's environment: one line when every step's JSON records
+    the same, else the first step's and, per other step, what differs (a
+    folder may hold runs of several commits or machines)."""
+    if not envs:
+        return []
+    (first_name, first), *others = envs.items()
+    differ = []
+    for name, env in others:
+        changed = {k: env.get(k) for k in {*first, *env} if env.get(k) != first.get(k)}
+        if changed:
+            differ += ["", f"Environment of {name}, where it differs: "
+                       + ", ".join(f"{k} {changed[k]}" for k in sorted(changed))
+                       + "."]
+    return ["", "Environment" + (f" ({first_name})" if differ else "") + ": "
+            + ", ".join(f"{k} {v}" for k, v in first.items()) + ".", *differ]
+
+
 def build_report(out_dir):
     """The Markdown report of every JSON in ``out_dir``."""
     suite = read_json(out_dir / "suite.json") or {}
@@ -569,8 +608,8 @@ def build_report(out_dir):
         payload = read_json(out_dir / f"{step.name}.json")
         if payload is not None:
             results[step.name] = payload
-    env = next((p["environment"] for p in results.values() if "environment" in p),
-               None)
+    envs = {name: p["environment"] for name, p in results.items()
+            if "environment" in p}
     quick = sorted(name for name, p in results.items() if p.get("quick"))
     head = [
         "# skgpstruct benchmark suite",
@@ -578,9 +617,7 @@ def build_report(out_dir):
         f"Report built {datetime.datetime.now().isoformat(timespec='seconds')} "
         f"from `{_shown(out_dir)}`.",
     ]
-    if env:
-        head += ["", "Environment: " + ", ".join(f"{k} {v}" for k, v in env.items())
-                 + "."]
+    head += _environment_lines(envs)
     if quick:
         head += ["", "**Smoke run** (`--quick`: one fold, few iterations, small "
                  f"sizes) for: {', '.join(quick)}. Its figures check that the "

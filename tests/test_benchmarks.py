@@ -281,6 +281,72 @@ def test_calibration_pools_tokens_in_one_bin(common):
     np.testing.assert_allclose(unseen["nll"], -np.log(1e-12))
 
 
+def test_calibration_of_non_finite_marginals_is_failed(common):
+    # A NaN row fell in no bin: its weight was lost and the ECE came out
+    # lower, averaged as a valid value.
+    marginals = [np.array([[0.9, 0.1], [np.nan, np.nan]])]
+    result = common.calibration([["a", "b"]], marginals, ["a", "b"])
+    assert np.isnan(result["nll"]) and np.isnan(result["ece"])
+
+
+def _failed_fold(k):
+    return {
+        "fold": k,
+        "gp": {"error": float("nan"), "fit_time": float("nan"),
+               "failure": "LinAlgError: boom"},
+        "crf": {"error": 6.0, "total_time": 1.0, "predict_time": 0.01,
+                "marginals_time": 0.02, "calibration": {"nll": 0.4, "ece": 0.05}},
+        "logreg": {"error": 7.0},
+    }
+
+
+def _good_fold(k):
+    return {
+        "fold": k,
+        "gp": {"error": 5.0, "fit_time": 2.0, "n_iter": 10, "converged": False,
+               "predict_time": 0.02, "marginals_time": 0.04,
+               "calibration": {"nll": 0.3, "ece": 0.02}},
+        "crf": {"error": 6.0, "total_time": 1.0, "predict_time": 0.01,
+                "marginals_time": 0.02, "calibration": {"nll": 0.4, "ece": 0.05}},
+        "logreg": {"error": 7.0},
+    }
+
+
+def test_failed_gp_folds_are_marked_in_every_table(common, run_suite, capsys):
+    # Calibration, prediction times, iterations and convergence averaged
+    # the GP over the folds that survived, with no note of the others.
+    results = {"seg": [_good_fold(0), _failed_fold(1), _good_fold(2)]}
+    (gp_row, crf_row) = common.calibration_rows(results, [("GP", "gp"), ("CRF", "crf")])
+    assert gp_row[2:] == ["0.300 (0.000) [1 failed]", "0.0200 (0.0000) [1 failed]"]
+    assert crf_row[2:] == ["0.400 (0.000)", "0.0500 (0.0000)"]
+    (row,) = common.prediction_rows(results)
+    assert all(cell.endswith("[1 failed]") for cell in row[1:2] + row[3:5] + row[6:])
+    report = run_suite.table1_section(
+        {"steps": {}}, {"table1-batch": {"results": results, "gp_options": {}}}
+    )
+    assert "| 0/3 [1 failed] |" in report
+    assert common.failure_status(results) == 1
+    assert "1 fit(s) failed (first: LinAlgError: boom)" in capsys.readouterr().err
+    assert common.failure_status({"seg": [_good_fold(0)]}) == 0
+
+
+def test_table1_is_seeded_and_refuses_repeated_folds(bench_table1):
+    parser = bench_table1.build_parser()
+    assert bench_table1.gp_params(parser.parse_args([]))["random_state"] == 0
+    with pytest.raises(SystemExit, match=r"--folds repeats a fold: \[0, 0\]"):
+        bench_table1.main(["--folds", "0", "0", "--data", str(BENCHMARKS)])
+
+
+def test_report_says_where_the_steps_environments_differ(run_suite):
+    envs = {"table1-batch": {"commit": "aaa", "python": "3.11"},
+            "ess": {"commit": "bbb", "python": "3.11"}}
+    lines = run_suite._environment_lines(envs)
+    assert "Environment (table1-batch): commit aaa, python 3.11." in lines
+    assert "Environment of ess, where it differs: commit bbb." in lines
+    same = {"a": {"commit": "aaa"}, "b": {"commit": "aaa"}}
+    assert run_suite._environment_lines(same) == ["", "Environment: commit aaa."]
+
+
 def test_token_error_and_fold_summary(common):
     assert common.token_error([["a", "b"], ["c"]], [["a", "c"], ["c"]]) == (
         pytest.approx(100 / 3)
