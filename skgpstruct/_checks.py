@@ -7,7 +7,12 @@ number is expected (``n_bins=True``) passes an ``isinstance`` check of
 
 import numbers
 
-__all__ = ["check_integer", "is_integer", "is_real"]
+import numpy as np
+
+__all__ = [
+    "check_flag", "check_integer", "check_n_jobs", "check_random_state_seed",
+    "is_integer", "is_real",
+]
 
 
 def is_integer(value):
@@ -26,3 +31,38 @@ def check_integer(value, name, low):
     if not is_integer(value) or value < low:
         raise ValueError(f"{name} must be an integer >= {low}, got {value!r}")
     return value
+
+
+def check_flag(value, name):
+    """``value`` if it is True or False (Python or NumPy), else a ValueError
+    naming ``name``: a truthy string such as ``"no"`` must not mean yes."""
+    if not isinstance(value, bool | np.bool_):
+        raise ValueError(f"{name} must be True or False, got {value!r}")
+    return bool(value)
+
+
+def check_n_jobs(value, name="n_jobs"):
+    """``value`` if it is None or a non-zero integer (joblib's ``n_jobs``:
+    -1 for every core), else a ValueError naming ``name``."""
+    if value is not None and (not is_integer(value) or value == 0):
+        raise ValueError(
+            f"{name} must be None or a non-zero integer (-1 for all cores), "
+            f"got {value!r}"
+        )
+    return value
+
+
+def check_random_state_seed(value, name="random_state"):
+    """A NumPy ``Generator`` from ``value``: None, a non-negative integer, a
+    ``RandomState`` (its next integer seeds the generator) or a ``Generator``
+    (used as it is); else a ValueError naming ``name``."""
+    if isinstance(value, np.random.Generator):
+        return value
+    if isinstance(value, np.random.RandomState):
+        return np.random.default_rng(value.randint(2**31))
+    if value is None or (is_integer(value) and value >= 0):
+        return np.random.default_rng(value)
+    raise ValueError(
+        f"{name} must be None, a non-negative int, a RandomState or a "
+        f"Generator, got {value!r}"
+    )

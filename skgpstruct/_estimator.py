@@ -16,7 +16,14 @@ from sklearn.utils.validation import check_is_fitted
 
 from . import chain
 from ._block_cache import reuse_blocks
-from ._checks import check_integer, is_integer, is_real
+from ._checks import (
+    check_flag,
+    check_integer,
+    check_n_jobs,
+    check_random_state_seed,
+    is_integer,
+    is_real,
+)
 from ._linalg import single_blas_thread
 from ._sequences import (
     check_sequence_features,
@@ -293,9 +300,7 @@ def _check_integer(estimator, name, low):
 
 def _check_flag(estimator, name):
     """Raise unless the parameter ``name`` is True or False."""
-    value = getattr(estimator, name)
-    if not isinstance(value, bool | np.bool_):
-        raise ValueError(f"{name} must be True or False, got {value!r}")
+    check_flag(getattr(estimator, name), name)
 
 
 #: A learned hyperparameter within this distance (log space) of a bound of
@@ -707,9 +712,11 @@ GroupedLinearKernel`: automatic relevance determination per group).
         ``predict_marginals`` samples its chunks of sequences in as many
         threads, whatever the context's backend. The result does not depend
         on ``n_jobs``.
-    random_state : int, RandomState instance or None, default=None
+    random_state : int, RandomState instance, Generator or None, default=None
         Seeds inducing-point choice and Monte Carlo samples. The same seed
-        gives the same model for any ``n_jobs`` and backend.
+        gives the same model for any ``n_jobs`` and backend. A RandomState
+        or Generator is drawn from at every fit (so refits differ), as
+        scikit-learn's estimators do with a RandomState.
     verbose : int, default=0
         If positive, print one progress line per iteration.
     warm_start : bool, default=False
@@ -924,10 +931,8 @@ GroupedLinearKernel`: automatic relevance determination per group).
                 "gradient='score' needs n_samples >= 2 (16 or more "
                 f"recommended), got n_samples={self.n_samples}"
             )
-        if not isinstance(self.verbose, numbers.Integral) or self.verbose < 0:
-            raise ValueError(
-                f"verbose must be a non-negative integer, got {self.verbose!r}"
-            )
+        _check_integer(self, "verbose", 0)
+        check_n_jobs(self.n_jobs)
         for name in ("tol", "pairwise_prior_variance", "learning_rate"):
             value = getattr(self, name)
             if not is_real(value) or not 0 < value < np.inf:
@@ -954,15 +959,7 @@ GroupedLinearKernel`: automatic relevance determination per group).
         return likelihood
 
     def _rng(self):
-        rs = self.random_state
-        if isinstance(rs, np.random.RandomState):
-            return np.random.default_rng(rs.randint(2**31))
-        if rs is None or (is_integer(rs) and rs >= 0):
-            return np.random.default_rng(rs)
-        raise ValueError(
-            "random_state must be None, a non-negative int or a RandomState, "
-            f"got {rs!r}"
-        )
+        return check_random_state_seed(self.random_state)
 
     # ------------------------------------------------------------------ #
     # fitting

@@ -16,6 +16,7 @@ Inputs are validated here, once; the loops live in ``skgpstruct._chain``.
 import numpy as np
 
 from . import _chain
+from ._checks import check_flag
 
 __all__ = ["forward_backward", "viterbi", "log_likelihood"]
 
@@ -356,6 +357,7 @@ def log_likelihood(unary, pairwise, offsets, labels, *, return_gradient=False):
     >>> grad_unary.shape, grad_pairwise.shape
     ((2, 4, 3), (2, 2, 3, 3))
     """
+    return_gradient = check_flag(return_gradient, "return_gradient")
     unary, pairwise, offsets = _check_chain(
         unary, pairwise, offsets, with_samples=True
     )

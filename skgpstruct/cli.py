@@ -79,6 +79,7 @@ import warnings
 import numpy as np
 
 from . import __version__
+from ._checks import check_n_jobs
 
 __all__ = ["main"]
 
@@ -137,14 +138,11 @@ def _nonnegative_int(text):
 def _n_jobs(text):
     """argparse type: a joblib ``n_jobs`` (an integer other than 0)."""
     try:
-        value = int(text)
+        return check_n_jobs(int(text))
     except ValueError:
-        value = 0
-    if value == 0:
         raise argparse.ArgumentTypeError(
             f"expected a non-zero integer (-1 for all cores), got {text!r}"
-        )
-    return value
+        ) from None
 
 
 def _positive_float(text):

@@ -3,7 +3,13 @@
 import numpy as np
 import scipy.sparse as sp
 
-from ._checks import check_integer, is_integer, is_real
+from ._checks import (
+    check_flag,
+    check_integer,
+    check_random_state_seed,
+    is_integer,
+    is_real,
+)
 
 __all__ = ["make_sequences"]
 
@@ -40,7 +46,7 @@ def make_sequences(
     sparse : bool, default=False
         If True, return CSR matrices of binary indicators (the sign of each
         feature, one-hot over two columns per feature).
-    random_state : int, Generator or None, default=None
+    random_state : int, RandomState instance, Generator or None, default=None
 
     Returns
     -------
@@ -75,7 +81,8 @@ def make_sequences(
     ):
         if not is_real(value) or not valid(value):
             raise ValueError(f"{name} must be {accepted}, got {value!r}")
-    rng = np.random.default_rng(random_state)
+    sparse = check_flag(sparse, "sparse")
+    rng = check_random_state_seed(random_state)
     means = 1.5 * rng.standard_normal((n_classes, n_features))
     rotation, _ = np.linalg.qr(rng.standard_normal((n_features, n_features)))
     X, y = [], []

@@ -46,6 +46,8 @@ import numpy as np
 import scipy.sparse as sp
 from sklearn.gaussian_process import kernels as sk_kernels
 
+from ._checks import check_flag, check_integer
+
 __all__ = [
     "Kernel",
     "LinearKernel",
@@ -849,17 +851,39 @@ class LinearKernel(Kernel):
         return _select_free([grad_v, grad_b], [free_v, free_b])
 
     def feature_scales(self, n_features):
-        """Explicit feature map ``phi(x) = scales * [x, 1]``, shape (n_features + 1,).
+        """Explicit feature map ``phi(x) = scales * [x, 1]``: ``k(x, x') =
+        phi(x) . phi(x')`` (used by inducing features).
 
-        ``k(x, x') = phi(x) . phi(x')``; used by inducing features.
+        Parameters
+        ----------
+        n_features : int
+            Number of feature columns (>= 0).
+
+        Returns
+        -------
+        scales : ndarray of shape (n_features + 1,)
+            The columns' scales, then the offset's.
         """
+        check_integer(n_features, "n_features", 0)
         variance, bias = self._values()
         scales = np.full(n_features + 1, np.sqrt(variance))
         scales[-1] *= np.sqrt(bias)
         return scales
 
     def feature_scales_vjp(self, d_scales):
-        """Gradient in :attr:`theta` from the gradient w.r.t. :meth:`feature_scales`."""
+        """Gradient in :attr:`theta` from the gradient with respect to
+        :meth:`feature_scales`.
+
+        Parameters
+        ----------
+        d_scales : ndarray of shape (n_features + 1,)
+            Gradient of a scalar with respect to ``feature_scales(n_features)``.
+
+        Returns
+        -------
+        ndarray of shape (n_free,)
+            Its gradient with respect to the free entries of :attr:`theta`.
+        """
         scales = self.feature_scales(d_scales.size - 1)
         free_v, free_b = self._free_flags()
         # every scale is proportional to sqrt(variance); the last to sqrt(bias)
@@ -1101,15 +1125,37 @@ class GroupedLinearKernel(Kernel):
         return _select_free([grad_v, grad_b], [free_v, free_b])
 
     def feature_scales(self, n_features):
-        """Explicit feature map ``phi(x) = scales * [x, 1]``, shape (n_features + 1,).
+        """Explicit feature map ``phi(x) = scales * [x, 1]``: ``k(x, x') =
+        phi(x) . phi(x')`` (used by inducing features).
 
-        ``k(x, x') = phi(x) . phi(x')``; used by inducing features.
+        Parameters
+        ----------
+        n_features : int
+            Number of feature columns (>= 0).
+
+        Returns
+        -------
+        scales : ndarray of shape (n_features + 1,)
+            The columns' scales, then the offset's.
         """
+        check_integer(n_features, "n_features", 0)
         variance, bias = self._values()
         return np.sqrt(np.append(self._column_variance(n_features), bias))
 
     def feature_scales_vjp(self, d_scales):
-        """Gradient in :attr:`theta` from the gradient w.r.t. :meth:`feature_scales`."""
+        """Gradient in :attr:`theta` from the gradient with respect to
+        :meth:`feature_scales`.
+
+        Parameters
+        ----------
+        d_scales : ndarray of shape (n_features + 1,)
+            Gradient of a scalar with respect to ``feature_scales(n_features)``.
+
+        Returns
+        -------
+        ndarray of shape (n_free,)
+            Its gradient with respect to the free entries of :attr:`theta`.
+        """
         free_v, free_b = self._free_flags()
         scales = self.feature_scales(d_scales.size - 1)
         # scale = sqrt(var)  =>  d scale / d log var = scale / 2
@@ -1639,6 +1685,7 @@ def check_kernel(spec, *, sparse):
         ...
     ValueError: kernel RBF(length_scale=1) is a scikit-learn kernel, which needs ...
     """
+    sparse = check_flag(sparse, "sparse")
     kernel = get_kernel(spec)
     # Validates hyperparameter values and bounds; a start outside its bounds
     # was clipped by the optimiser, with the hyperprior left centred outside

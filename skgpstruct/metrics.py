@@ -90,7 +90,7 @@ import inspect
 import numpy as np
 from sklearn.metrics import make_scorer
 
-from ._checks import check_integer
+from ._checks import check_flag, check_integer
 from ._sequences import check_sequence_labels, label_kinds
 
 __all__ = [
@@ -571,6 +571,7 @@ def classification_report(y_true, y_pred, *, scheme=None, digits=4,
     1.0
     """
     check_integer(digits, "digits", 0)
+    output_dict = check_flag(output_dict, "output_dict")
     counts = _chunk_counts(y_true, y_pred, scheme)
     report = {}
     for type_ in sorted(counts):

@@ -1168,6 +1168,14 @@ BAD_PARAMS = [
         ({"random_state": value}, r"random_state must be None, a non-negative int")
         for value in ("seed", -1, True)
     ),
+    # Were refused by joblib, after the data were checked and chunked.
+    *(
+        ({"n_jobs": value},
+         r"n_jobs must be None or a non-zero integer \(-1 for all cores\)")
+        for value in (0, "two", 1.5, True)
+    ),
+    ({"verbose": True}, r"verbose must be an integer >= 0, got True"),
+    ({"verbose": -1}, r"verbose must be an integer >= 0"),
     (
         {"likelihood": UnaryOnlyLikelihood(), "gradient": "pathwise"},
         r"gradient='pathwise' needs a likelihood with a gradient.*"
@@ -1185,6 +1193,18 @@ BAD_PARAMS = [
         for value in (0.0, -1.0, np.inf, np.nan, True, "3")
     ),
 ]
+
+
+def test_random_state_generator_is_drawn_from_at_every_fit(data):
+    # A Generator, as a RandomState: the same seed gives the same fit, and
+    # a refit with the same object draws on.
+    X, y, _, _ = data
+    first = GPStructClassifier(**{**FAST, "random_state": np.random.default_rng(5)})
+    second = GPStructClassifier(**{**FAST, "random_state": np.random.default_rng(5)})
+    a, b = (_fit_without_user_warnings(m, X, y).q_mu_ for m in (first, second))
+    np.testing.assert_array_equal(a, b)
+    again = _fit_without_user_warnings(first, X, y).q_mu_
+    assert not np.array_equal(a, again)
 
 
 @pytest.mark.parametrize(
@@ -1841,6 +1861,10 @@ def test_collapse_when_every_feature_is_lone(monkeypatch):
         ({"noise": np.nan}, r"noise must be a finite number >= 0"),
         ({"noise": -1.0}, r"noise must be a finite number >= 0"),
         ({"noise": "a"}, r"noise must be a finite number >= 0"),
+        # Dense features for sparse="no"; NumPy's messages, one a TypeError.
+        ({"sparse": "no"}, r"sparse must be True or False, got 'no'"),
+        ({"random_state": -1}, r"random_state must be None, a non-negative int"),
+        ({"random_state": "seed"}, r"random_state must be None, a non-negative"),
     ],
     ids=lambda v: re.sub(r"\W+", "-", repr(v)).strip("-"),
 )

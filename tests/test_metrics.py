@@ -256,6 +256,23 @@ def test_iobes_matches_span_reference(pair):
     check_against_reference(y_true, y_pred, "iobes", "iobes")
 
 
+def test_yes_no_arguments_refuse_other_values():
+    # A truthy string did the opposite of what it said: "no" meant yes.
+    import skgpstruct.chain as chain
+    from skgpstruct.kernels import check_kernel
+
+    y = [["B-NP", "O"]]
+    with pytest.raises(ValueError, match="output_dict must be True or False"):
+        classification_report(y, y, output_dict="no")
+    potentials = np.zeros((1, 2, 2))
+    args = (potentials, potentials, np.array([0, 2]), np.zeros(2, int))
+    with pytest.raises(ValueError, match="return_gradient must be True or False"):
+        chain.log_likelihood(*args, return_gradient="no")
+    with pytest.raises(ValueError, match="sparse must be True or False"):
+        check_kernel("rbf", sparse="no")
+    assert len(chain.log_likelihood(*args, return_gradient=np.True_)) == 3
+
+
 def test_classification_report_text_and_dict():
     y_true = [["B-PER", "I-PER", "O", "B-LOC"], ["B", "O"]]
     y_pred = [["B-PER", "I-PER", "O", "O"], ["B", "O"]]
