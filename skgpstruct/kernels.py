@@ -732,7 +732,53 @@ def _select_free(gradients, free):
 # --------------------------------------------------------------------------
 
 
-class LinearKernel(Kernel):
+class _FeatureMapKernel(Kernel):
+    """A kernel with an explicit diagonal feature map, ``k(x, x') = phi(x) .
+    phi(x')`` with ``phi(x) = scales * [x, 1]``: what inducing features
+    need. Subclasses give the scales (``_scales``) and their VJP
+    (``_scales_vjp``); a kernel of another hierarchy qualifies by providing
+    the two public methods."""
+
+    def feature_scales(self, n_features):
+        """The scales of the explicit feature map ``phi(x) = scales * [x, 1]``
+        (used by inducing features).
+
+        Parameters
+        ----------
+        n_features : int
+            Number of feature columns (>= 0).
+
+        Returns
+        -------
+        scales : ndarray of shape (n_features + 1,)
+            The columns' scales, then the offset's.
+        """
+        return self._scales(check_integer(n_features, "n_features", 0))
+
+    def feature_scales_vjp(self, d_scales):
+        """Gradient in :attr:`theta` from the gradient with respect to
+        :meth:`feature_scales`.
+
+        Parameters
+        ----------
+        d_scales : ndarray of shape (n_features + 1,)
+            Gradient of a scalar with respect to ``feature_scales(n_features)``.
+
+        Returns
+        -------
+        ndarray of shape (n_free,)
+            Its gradient with respect to the free entries of :attr:`theta`.
+        """
+        return self._scales_vjp(np.asarray(d_scales, dtype=np.float64))
+
+    def _scales(self, n_features):
+        raise NotImplementedError
+
+    def _scales_vjp(self, d_scales):
+        raise NotImplementedError
+
+
+class LinearKernel(_FeatureMapKernel):
     r"""Linear (dot-product) kernel with a bias.
 
     .. math:: k(x, x') = \sigma^2 (x \cdot x' + b)
@@ -850,41 +896,14 @@ class LinearKernel(Kernel):
         grad_b = variance * bias * g.sum() if free_b else 0.0
         return _select_free([grad_v, grad_b], [free_v, free_b])
 
-    def feature_scales(self, n_features):
-        """Explicit feature map ``phi(x) = scales * [x, 1]``: ``k(x, x') =
-        phi(x) . phi(x')`` (used by inducing features).
-
-        Parameters
-        ----------
-        n_features : int
-            Number of feature columns (>= 0).
-
-        Returns
-        -------
-        scales : ndarray of shape (n_features + 1,)
-            The columns' scales, then the offset's.
-        """
-        check_integer(n_features, "n_features", 0)
+    def _scales(self, n_features):
         variance, bias = self._values()
         scales = np.full(n_features + 1, np.sqrt(variance))
         scales[-1] *= np.sqrt(bias)
         return scales
 
-    def feature_scales_vjp(self, d_scales):
-        """Gradient in :attr:`theta` from the gradient with respect to
-        :meth:`feature_scales`.
-
-        Parameters
-        ----------
-        d_scales : ndarray of shape (n_features + 1,)
-            Gradient of a scalar with respect to ``feature_scales(n_features)``.
-
-        Returns
-        -------
-        ndarray of shape (n_free,)
-            Its gradient with respect to the free entries of :attr:`theta`.
-        """
-        scales = self.feature_scales(d_scales.size - 1)
+    def _scales_vjp(self, d_scales):
+        scales = self._scales(d_scales.size - 1)
         free_v, free_b = self._free_flags()
         # every scale is proportional to sqrt(variance); the last to sqrt(bias)
         grad_v = 0.5 * np.dot(d_scales, scales)
@@ -892,7 +911,7 @@ class LinearKernel(Kernel):
         return _select_free([grad_v, grad_b], [free_v, free_b])
 
 
-class GroupedLinearKernel(Kernel):
+class GroupedLinearKernel(_FeatureMapKernel):
     r"""Linear kernel with one prior variance per group of features (ARD).
 
     .. math:: k(x, x') = \sum_g \sigma_g^2 \, x_g \cdot x'_g + b
@@ -1124,40 +1143,13 @@ class GroupedLinearKernel(Kernel):
         grad_b = bias * g.sum() if free_b else 0.0
         return _select_free([grad_v, grad_b], [free_v, free_b])
 
-    def feature_scales(self, n_features):
-        """Explicit feature map ``phi(x) = scales * [x, 1]``: ``k(x, x') =
-        phi(x) . phi(x')`` (used by inducing features).
-
-        Parameters
-        ----------
-        n_features : int
-            Number of feature columns (>= 0).
-
-        Returns
-        -------
-        scales : ndarray of shape (n_features + 1,)
-            The columns' scales, then the offset's.
-        """
-        check_integer(n_features, "n_features", 0)
-        variance, bias = self._values()
+    def _scales(self, n_features):
+        _, bias = self._values()
         return np.sqrt(np.append(self._column_variance(n_features), bias))
 
-    def feature_scales_vjp(self, d_scales):
-        """Gradient in :attr:`theta` from the gradient with respect to
-        :meth:`feature_scales`.
-
-        Parameters
-        ----------
-        d_scales : ndarray of shape (n_features + 1,)
-            Gradient of a scalar with respect to ``feature_scales(n_features)``.
-
-        Returns
-        -------
-        ndarray of shape (n_free,)
-            Its gradient with respect to the free entries of :attr:`theta`.
-        """
+    def _scales_vjp(self, d_scales):
         free_v, free_b = self._free_flags()
-        scales = self.feature_scales(d_scales.size - 1)
+        scales = self._scales(d_scales.size - 1)
         # scale = sqrt(var)  =>  d scale / d log var = scale / 2
         per_column = 0.5 * d_scales[:-1] * scales[:-1]
         grad_v = self._group_sums(per_column)
