@@ -10,8 +10,8 @@ import numbers
 import numpy as np
 
 __all__ = [
-    "check_flag", "check_integer", "check_n_jobs", "check_random_state_seed",
-    "is_integer", "is_real",
+    "check_flag", "check_groups", "check_integer", "check_n_jobs",
+    "check_random_state_seed", "is_integer", "is_real",
 ]
 
 
@@ -39,6 +39,28 @@ def check_flag(value, name):
     if not isinstance(value, bool | np.bool_):
         raise ValueError(f"{name} must be True or False, got {value!r}")
     return bool(value)
+
+
+def check_groups(groups, name, n_features=None):
+    """``groups`` as an int64 array of one non-negative integer group index
+    per feature column (``n_features`` of them when given), else a
+    ValueError naming ``name`` and what is accepted."""
+    try:
+        array = np.asarray(groups)
+    except ValueError:  # ragged
+        array = np.asarray(groups, dtype=object)
+    if (
+        array.ndim != 1 or array.size == 0 or array.dtype.kind not in "iu"
+        or (n_features is not None and array.size != n_features)
+        or array.min() < 0
+    ):
+        count = "" if n_features is None else f" ({n_features})"
+        raise ValueError(
+            f"{name} must hold one non-negative integer group index per "
+            f"feature{count}, got an array of shape {array.shape} and dtype "
+            f"{array.dtype}"
+        )
+    return array.astype(np.int64, copy=False)
 
 
 def check_n_jobs(value, name="n_jobs"):

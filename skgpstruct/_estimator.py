@@ -18,6 +18,7 @@ from . import chain
 from ._block_cache import reuse_blocks
 from ._checks import (
     check_flag,
+    check_groups,
     check_integer,
     check_n_jobs,
     check_random_state_seed,
@@ -1369,18 +1370,11 @@ GroupedLinearKernel`: automatic relevance determination per group).
                 groups = _shared_element_groups(X)
             if groups is None:
                 return None
+            # feature_groups='auto' took them from X: that is what is wrong.
+            name = "X.feature_groups (feature_groups='auto' reads them)"
         else:
-            groups = spec
-        groups = np.asarray(groups)
-        if groups.shape != (n_features,) or groups.dtype.kind not in "iu" or (
-            groups.size and groups.min() < 0
-        ):
-            raise ValueError(
-                f"feature_groups must hold one non-negative integer per feature "
-                f"({n_features}), got an array of shape {groups.shape} and dtype "
-                f"{groups.dtype}"
-            )
-        return groups.astype(np.int64)
+            groups, name = spec, "feature_groups"
+        return check_groups(groups, name, n_features)
 
     def _feature_mean(self, X_all, is_sparse, partial):
         """The training mean subtracted from the features before the kernel,

@@ -26,7 +26,7 @@ from sklearn.feature_extraction import DictVectorizer
 from sklearn.utils._param_validation import HasMethods, Interval
 from sklearn.utils.validation import check_is_fitted
 
-from ._checks import check_integer
+from ._checks import check_groups, check_integer
 from ._sequences import offsets_from_lengths, split_by_offsets
 from .io import _text_lines
 
@@ -295,7 +295,11 @@ class FeatureSequences(list):
     Parameters
     ----------
     sequences : iterable of matrices
+        One (T_n, n_features) feature matrix per sequence (sparse matrices
+        carry the groups too).
     feature_groups : array-like of int of shape (n_features,) or None
+        The group (template) of every column: non-negative integers, checked
+        against the matrices' number of columns; None for no groups.
 
     Examples
     --------
@@ -318,7 +322,13 @@ class FeatureSequences(list):
 
     @feature_groups.setter
     def feature_groups(self, feature_groups):
-        groups = None if feature_groups is None else np.asarray(feature_groups)
+        groups = None
+        if feature_groups is not None:
+            columns = {m.shape[1] for m in self if len(getattr(m, "shape", ())) == 2}
+            groups = check_groups(
+                feature_groups, "feature_groups",
+                columns.pop() if len(columns) == 1 else None,
+            )
         self._feature_groups = groups
         for matrix in self:
             if not sp.issparse(matrix):

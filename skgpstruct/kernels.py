@@ -46,7 +46,7 @@ import numpy as np
 import scipy.sparse as sp
 from sklearn.gaussian_process import kernels as sk_kernels
 
-from ._checks import check_flag, check_integer
+from ._checks import check_flag, check_groups, check_integer
 
 __all__ = [
     "Kernel",
@@ -996,15 +996,7 @@ class GroupedLinearKernel(_FeatureMapKernel):
         )
 
     def _groups(self):
-        groups = np.asarray(self.groups)
-        if groups.ndim != 1 or groups.size == 0 or groups.dtype.kind not in "iu":
-            raise ValueError(
-                "groups must be a non-empty 1-D array of integer group indices, "
-                f"one per feature, got {self.groups!r}"
-            )
-        if groups.min() < 0:
-            raise ValueError("groups must be non-negative integers")
-        return groups.astype(np.int64, copy=False)
+        return check_groups(self.groups, "groups")
 
     def _group_positions(self):
         """``(group_ids, position)``: the distinct ids in increasing order, and

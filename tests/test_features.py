@@ -330,6 +330,27 @@ def test_expand_checks_the_columns_of_b_lines():
         expand_crfpp_template("U00:%x[0,0]\nB01:%x[0,5]", [["a", "b"]])
 
 
+def test_feature_sequences_check_their_groups():
+    # Any value was stored; a fit then blamed the estimator's feature_groups
+    # (left at "auto") for X's.
+    X = [sp.csr_matrix(np.eye(3))] * 2
+    for bad in ([0.5, 1.0, 2.0], [0, -1, 1], [0, 1], "ab"):
+        with pytest.raises(ValueError, match=r"feature_groups must hold one "
+                           r"non-negative integer group index per feature \(3\)"):
+            FeatureSequences(X, feature_groups=bad)
+    X = [sp.csr_matrix(np.eye(3)) for _ in range(2)]
+    for matrix in X:  # groups set by hand on the matrices
+        matrix.feature_groups = np.array([0.5, 1.0, 2.0])
+    with pytest.raises(ValueError, match=r"X.feature_groups \(feature_groups="
+                       r"'auto' reads them\) must hold one non-negative integer"):
+        GPStructClassifier(max_iter=1).fit(X, [np.zeros(3, int), np.ones(3, int)])
+    with pytest.raises(ValueError, match=r"^feature_groups must hold .* \(3\), "
+                       r"got an array of shape \(2,\)"):
+        GPStructClassifier(max_iter=1, feature_groups=[0, 1]).fit(
+            X, [np.zeros(3, int), np.ones(3, int)]
+        )
+
+
 def test_feature_groups_follow_the_template_order_not_the_data_order():
     # Two lines sharing an id render the same string: its group is the first
     # line in template order, whichever sequence shows it first (it was the

@@ -811,8 +811,10 @@ def test_grouped_linear_refuses_bad_groups():
     X = np.ones((2, 3))
     with pytest.raises(ValueError, match="groups has 2 entries"):
         GroupedLinearKernel([0, 1])(X)
-    with pytest.raises(ValueError, match="integer group indices"):
-        GroupedLinearKernel([0.5, 1.0, 2.0])(X)
+    for bad in ([0.5, 1.0, 2.0], [0, -1, 1], [], [[0, 1, 1]]):
+        with pytest.raises(ValueError, match="groups must hold one non-negative "
+                           "integer group index per feature, got an array"):
+            GroupedLinearKernel(bad)(X)
     with pytest.raises(ValueError, match="one per distinct value of groups"):
         GroupedLinearKernel([0, 1, 1], variance=[1.0, 2.0, 3.0])(X)
 
