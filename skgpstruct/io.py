@@ -80,6 +80,9 @@ def read_conll(source, encoding="utf-8"):
     >>> labels
     [['B-LOC', 'I-LOC'], ['O']]
     """
+    # Not used on a text file object (it is already decoded), but a wrong
+    # one is still an error, as for write_conll.
+    _check_encoding(encoding)
     if isinstance(source, str | bytes | os.PathLike):
         name = os.fsdecode(source)
         if os.path.isdir(source):

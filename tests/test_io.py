@@ -136,9 +136,13 @@ def test_unknown_encoding_is_reported(tmp_path):
     for codec in ("rot13", "hex", "undefined"):
         with pytest.raises(ValueError, match=f"encoding '{codec}' is not a text "):
             read_conll(path, encoding=codec)
-    # write_conll checks it also for a text target, which encodes on its own
+    # Both check it also for a text file object, which decodes or encodes
+    # on its own (read_conll ignored it, write_conll refused it).
     with pytest.raises(ValueError, match="encoding 'rot13' is not a text encoding"):
         write_conll(io.StringIO(), [[["a"]]], [["O"]], encoding="rot13")
+    for encoding in ("no-such-codec", 42):
+        with pytest.raises(ValueError, match="is not a known codec"):
+            read_conll(io.StringIO("a O\n"), encoding=encoding)
     with pytest.raises(ValueError, match="is a directory, not a data file"):
         read_conll(tmp_path)  # was an IsADirectoryError
 
