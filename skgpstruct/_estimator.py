@@ -27,6 +27,7 @@ from ._checks import (
 )
 from ._linalg import single_blas_thread
 from ._sequences import (
+    canonical_csr,
     check_sequence_features,
     check_sequence_labels,
     chunk_slices,
@@ -34,6 +35,7 @@ from ._sequences import (
     offsets_from_lengths,
     split_by_offsets,
     stack_sequences,
+    without_stored_zeros,
 )
 from .inference.elbo import SparseELBO
 from .inference.ess import DEFAULT_MEMORY_LIMIT, check_chain_size, sample_posterior
@@ -262,11 +264,10 @@ def _sequence_fingerprint(X_n):
     values are hashed in one canonical form: the CSR arrays of the nonzero
     float64 values, row by row, columns sorted."""
     if sp.issparse(X_n):
-        # A copy: the caller's matrix (maybe in another thread of
-        # predict_marginals) is never changed.
-        X_n = sp.csr_matrix(X_n, dtype=np.float64, copy=True)
-        X_n.sum_duplicates()  # sorts the indices; cancelling ones leave zeros
-        X_n.eliminate_zeros()
+        # Copies where they change anything: the caller's matrix (maybe in
+        # another thread of predict_marginals) is never changed. Cancelling
+        # duplicates leave zeros, removed after the sum.
+        X_n = without_stored_zeros(canonical_csr(X_n))
         indptr, indices, data = X_n.indptr, X_n.indices, X_n.data
     else:  # the same arrays without building a matrix (many short sequences)
         X_n = np.asarray(X_n, dtype=np.float64)

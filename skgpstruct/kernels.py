@@ -47,6 +47,7 @@ import scipy.sparse as sp
 from sklearn.gaussian_process import kernels as sk_kernels
 
 from ._checks import check_flag, check_groups, check_integer
+from ._sequences import canonical_csr
 
 __all__ = [
     "Kernel",
@@ -77,16 +78,10 @@ def _as_features(X, name):
     Already-conforming inputs are returned as they are (no copy).
     """
     if sp.issparse(X):
-        if X.format != "csr":
-            X = X.tocsr()
-        if X.dtype != np.float64:
-            X = X.astype(np.float64)
-        if not X.has_canonical_format:
-            # Duplicate entries would corrupt the row norms. This copies on
-            # every call: pass canonical CSR (``X.sum_duplicates()``, as
-            # ``check_sequence_features`` does) on hot paths.
-            X = X.copy()
-            X.sum_duplicates()
+        # Duplicate entries would corrupt the row norms. A matrix that is
+        # not canonical is copied on every call: pass canonical CSR (as
+        # ``check_sequence_features`` returns) on hot paths.
+        X = canonical_csr(X)
     else:
         X = np.asarray(X, dtype=np.float64)
     if X.ndim != 2:
