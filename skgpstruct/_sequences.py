@@ -26,6 +26,11 @@ def _describe(obj):
     return type(obj).__name__
 
 
+def refuse_no_sequences(name="X"):
+    """The error of a fit given no sequence in ``name``."""
+    raise ValueError(f"{name} contains no sequences; at least one is required")
+
+
 def canonical_csr(X, dtype=np.float64):
     """``X`` as a canonical CSR matrix (sorted indices, duplicates summed,
     stored zeros kept), never changing the caller's matrix.
@@ -162,7 +167,7 @@ def check_sequence_features(X, *, name="X", n_features=None, allow_empty=False):
             f"got {_describe(X)}"
         )
     if len(X) == 0 and not allow_empty:
-        raise ValueError(f"{name} contains no sequences; at least one is required")
+        refuse_no_sequences(name)
     sequences = []
     kinds, empty_kinds = set(), set()  # formats of non-empty and empty ones
     for i, seq in enumerate(X):

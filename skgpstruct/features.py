@@ -27,7 +27,7 @@ from sklearn.utils._param_validation import HasMethods, Interval
 from sklearn.utils.validation import check_is_fitted
 
 from ._checks import check_groups, check_integer
-from ._sequences import offsets_from_lengths, split_by_offsets
+from ._sequences import offsets_from_lengths, refuse_no_sequences, split_by_offsets
 from .io import _text_lines
 
 __all__ = [
@@ -463,7 +463,7 @@ class CRFppTemplateVectorizer(
         unigrams, bigrams = _parse_template(self.template)
         X = _check_token_sequences(X)
         if len(X) == 0:
-            raise ValueError("X contains no sequences; at least one is required")
+            refuse_no_sequences()
         conditioned = [line.text for line in bigrams if line.macros]
         if conditioned:
             warnings.warn(
@@ -645,11 +645,17 @@ class SequenceDictVectorizer(
     def __init__(self, vectorizer=None):
         self.vectorizer = vectorizer
 
-    def _make_vectorizer(self):
+    def _fit_input(self, X):
+        """A fresh vectorizer, and the checked token dicts of ``X`` (at
+        least one sequence) with the sequence lengths."""
         self._validate_params()
-        if self.vectorizer is None:
-            return DictVectorizer()
-        return clone(self.vectorizer)
+        vectorizer = (
+            DictVectorizer() if self.vectorizer is None else clone(self.vectorizer)
+        )
+        flat, lengths = _check_dict_sequences(X)
+        if not lengths:
+            refuse_no_sequences()
+        return vectorizer, flat, lengths
 
     def fit(self, X, y=None):
         """Fit the wrapped vectorizer on the dicts of all tokens.
@@ -666,10 +672,7 @@ class SequenceDictVectorizer(
         self : SequenceDictVectorizer
             The fitted vectorizer.
         """
-        vectorizer = self._make_vectorizer()
-        flat, lengths = _check_dict_sequences(X)
-        if not lengths:
-            raise ValueError("X contains no sequences; at least one is required")
+        vectorizer, flat, _ = self._fit_input(X)
         self.vectorizer_ = vectorizer.fit(flat)
         return self
 
@@ -689,10 +692,7 @@ class SequenceDictVectorizer(
             Features of every sequence, in the wrapped vectorizer's output
             format (CSR for the default ``DictVectorizer``).
         """
-        vectorizer = self._make_vectorizer()
-        flat, lengths = _check_dict_sequences(X)
-        if not lengths:
-            raise ValueError("X contains no sequences; at least one is required")
+        vectorizer, flat, lengths = self._fit_input(X)
         if not flat:  # as fit does (scikit-learn refuses to transform nothing)
             self.vectorizer_ = vectorizer.fit(flat)
             return self.transform(X)
