@@ -669,7 +669,7 @@ def _accepted_values(name):
 
         return sorted(KERNELS)
     # Help text only: the estimator validates the value itself.
-    return getattr(_estimator, "_OPTIONS", {}).get(name)
+    return _estimator._OPTIONS.get(name)
 
 
 def _add_train(subparsers):
@@ -737,9 +737,7 @@ def _add_train(subparsers):
         "%(default)s)",
     )
     choice("--inducing", "inducing", "inducing variables")
-    # Exposed once the estimator has the parameter (variational, ESS, ...).
-    if "inference" in defaults:
-        choice("--inference", "inference", "posterior inference")
+    choice("--inference", "inference", "posterior inference")
     choice("--covariance", "covariance", "posterior covariances")
     choice("--gradient", "gradient", "Monte Carlo gradient estimator")
     choice("--optimizer", "optimizer", "optimiser of the ELBO")
@@ -804,8 +802,7 @@ def _run_train(args):
             "input ('-'); give one of them as a file"
         )
     template = _read_template(args.template, args.encoding)
-    params = {name: getattr(args, name) for name in _TRAIN_PARAMETERS
-              if name in vars(args)}
+    params = {name: getattr(args, name) for name in _TRAIN_PARAMETERS}
     gp = GPStructClassifier(verbose=0 if args.quiet else args.verbose, **params)
     # The estimator's own checks, before the long reading and fitting.
     try:

@@ -189,15 +189,16 @@ def _check_token_rows(seq, name, *, row_hint, value_hint):
                 )
 
 
-def _check_columns(unigrams, seq, i):
-    """Raise if a template line reads a column a token of ``seq`` lacks."""
-    if not unigrams or len(seq) == 0:
+def _check_columns(lines, seq, i):
+    """Raise if a template line (of ``lines``, U and B alike) reads a column
+    a token of ``seq`` lacks."""
+    if not lines or len(seq) == 0:
         return
-    needed = max(line.max_col for line in unigrams)
+    needed = max(line.max_col for line in lines)
     if needed < 0 or min(len(row) for row in seq) > needed:
         return
     for t, row in enumerate(seq):
-        for line in unigrams:
+        for line in lines:
             if line.max_col >= len(row):
                 raise ValueError(
                     f"{line.describe()} reads column {line.max_col}, but token "
@@ -447,8 +448,9 @@ class CRFppTemplateVectorizer(
 
         Returns
         -------
-        Xt : list of scipy.sparse.csr_matrix of shape (T_i, n_features)
-            Binary float64 features of every sequence.
+        Xt : FeatureSequences of scipy.sparse.csr_matrix of shape (T_i, n_features)
+            Binary float64 features of every sequence, with their
+            ``feature_groups``, as :meth:`transform` returns them.
         """
         expanded = self._fit(X)
         return FeatureSequences(
@@ -518,7 +520,7 @@ class CRFppTemplateVectorizer(
         """
         check_is_fitted(self, "vocabulary_")
         X = _check_token_sequences(X)
-        lines = self._unigrams + getattr(self, "_bigrams", [])
+        lines = self._unigrams + self._bigrams
         out = []
         for i, seq in enumerate(X):
             _check_columns(lines, seq, i)

@@ -364,7 +364,7 @@ class MarginalsDisplay:
         return self
 
     @classmethod
-    def from_estimator(cls, estimator, X_seq, tokens=None, ax=None, *,
+    def from_estimator(cls, estimator, X_seq, *, tokens=None, ax=None,
                        y_true=None, **kwargs):
         """Plot ``predict_marginals`` of one sequence.
 
@@ -690,8 +690,8 @@ class ReliabilityDisplay:
         return self
 
     @classmethod
-    def from_predictions(cls, y_true, marginals, classes, n_bins=10, ax=None,
-                         name=None, label=None, **kwargs):
+    def from_predictions(cls, y_true, marginals, classes, *, n_bins=10, ax=None,
+                         name=None, **kwargs):
         """Compute the reliability diagram of marginals and plot it.
 
         Parameters
@@ -710,10 +710,7 @@ class ReliabilityDisplay:
             Number of equal-width bins of [0, 1].
         ax : matplotlib.axes.Axes or None, default=None
         name : str or None, default=None
-            Name of the tagger in the legend (``name``, as the other
-            displays' constructors and scikit-learn's take it).
-        label : str or None, default=None
-            Deprecated alias of ``name`` (the name it had first).
+            Name of the tagger in the legend.
         **kwargs : dict
             Passed to :meth:`plot`.
 
@@ -727,15 +724,21 @@ class ReliabilityDisplay:
         never saw in training, such as CoNLL-2000's rare ``B-CONJP``) is an
         event the marginals give probability 0 in every column: it counts
         as an outcome of 0 for each of them, with a UserWarning naming it.
+
+        Examples
+        --------
+        All tokens as one flat array of labels, the marginals stacked:
+
+        >>> import matplotlib
+        >>> matplotlib.use("Agg")
+        >>> import numpy as np
+        >>> from skgpstruct.plotting import ReliabilityDisplay
+        >>> marginals = np.array([[0.9, 0.1], [0.2, 0.8], [0.6, 0.4]])
+        >>> display = ReliabilityDisplay.from_predictions(
+        ...     ["A", "B", "B"], marginals, ["A", "B"], n_bins=5, name="tagger")
+        >>> display.line_.get_label()
+        'tagger (ECE = 0.300)'
         """
-        if label is not None:
-            if name is not None:
-                raise ValueError("give the legend name as name=, not also label=")
-            warnings.warn(
-                "ReliabilityDisplay.from_predictions(label=...) is deprecated; "
-                "use name=...", FutureWarning, stacklevel=2,
-            )
-            name = label
         check_integer(n_bins, "n_bins", 1)
         probs, outcomes = _flatten_marginals(y_true, marginals, classes)
         edges = np.linspace(0.0, 1.0, n_bins + 1)

@@ -93,15 +93,10 @@ def test_a_label_keyword_names_the_line():
         label="mine"
     )
     assert display.line_.get_label() == "mine"
-    # from_predictions names the tagger with name=, as the other displays;
-    # label=, its first name, still works, with a FutureWarning.
+    # Everything after the data is keyword-only, as scikit-learn's displays.
     y, m = [np.array([0, 1])], [np.array([[0.6, 0.4], [0.2, 0.8]])]
-    with pytest.warns(FutureWarning, match=r"from_predictions\(label=...\) is "
-                      "deprecated; use name="):
-        old = ReliabilityDisplay.from_predictions(y, m, [0, 1], label="GP")
-    assert old.line_.get_label().startswith("GP (ECE")
-    with pytest.raises(ValueError, match="not also label="):
-        ReliabilityDisplay.from_predictions(y, m, [0, 1], name="a", label="b")
+    with pytest.raises(TypeError, match="positional"):
+        ReliabilityDisplay.from_predictions(y, m, [0, 1], 5)
 
 
 def test_marginals_from_estimator(fitted):
