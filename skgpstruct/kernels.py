@@ -1622,6 +1622,11 @@ def get_kernel(spec):
         return copy.deepcopy(spec)
     if isinstance(spec, sk_kernels.Kernel):
         return SklearnKernel(copy.deepcopy(spec))
+    if isinstance(spec, type) and issubclass(spec, Kernel | sk_kernels.Kernel):
+        raise ValueError(
+            f"kernel must be a kernel instance, got the class {spec.__name__}; "
+            f"pass {spec.__name__}()"
+        )
     raise ValueError(
         f"kernel must be one of {sorted(KERNELS)}, a skgpstruct.kernels.Kernel "
         "or a sklearn.gaussian_process.kernels.Kernel instance, got "

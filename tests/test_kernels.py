@@ -607,9 +607,14 @@ def test_get_kernel():
     assert sk_kernel.k1.constant_value == 2.0
     with pytest.raises(ValueError, match=r"unknown kernel 'poly'.*'linear', 'rbf'"):
         get_kernel("poly")
-    for bad in (None, 3, RBFKernel):
+    for bad in (None, 3):
         with pytest.raises(ValueError, match="kernel must be one of"):
             get_kernel(bad)
+    # A class for an instance: said as get_likelihood says it ("got ABCMeta").
+    for cls in (RBFKernel, RBF):
+        with pytest.raises(ValueError, match=f"kernel must be a kernel instance, "
+                           f"got the class {cls.__name__}; pass {cls.__name__}"):
+            get_kernel(cls)
 
 
 def test_check_kernel_refuses_a_start_outside_the_bounds():
