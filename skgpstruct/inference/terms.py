@@ -771,7 +771,11 @@ def _sequence_marginal(params, rows, B_n, residual_sd_n):
     idx = np.arange(B_n.shape[1])
     cov[..., idx, idx] += residual_sd_n**2
     # A small relative jitter keeps the factor defined when tokens repeat
-    # inside a sequence and the residual vanishes.
+    # inside a sequence and the residual vanishes. Always added, unlike
+    # _linalg.jitter_cholesky's jitter on failure: the score objective's
+    # Gaussian densities must be one smooth function of the parameters
+    # (a jitter switched on at some points only would make L-BFGS's line
+    # searches see a jump); with it the matrix is positive definite.
     mean_var = np.mean(cov[..., idx, idx], axis=-1)[..., None]
     cov[..., idx, idx] += 1e-8 * (mean_var + 1e-12)
     return mean, np.linalg.cholesky(cov)
