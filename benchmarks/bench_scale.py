@@ -74,6 +74,7 @@ from _common import (
     command_line,
     crfsuite_available,
     environment,
+    failure_status,
     format_mean_std,
     markdown_table,
     to_crfsuite,
@@ -608,7 +609,7 @@ def main(argv=None):
             "measurements": [{"config": c, "result": r} for c, r in rows],
         }
         write_json(args.out, payload)
-    return 0
+    return failure_status([r for _, r in rows])
 
 
 if __name__ == "__main__":

@@ -23,6 +23,7 @@ Matplotlib is an optional dependency (the ``plot`` extra:
 drawn, so this module imports without it.
 """
 
+import sys
 import warnings
 
 import numpy as np
@@ -289,7 +290,7 @@ class MarginalsDisplay:
             _, unknown = _label_outcomes(np.asarray(y_true), classes)
             _check_unknown_labels(
                 np.asarray(y_true), unknown, classes,
-                "have no row on the map and are not marked", stacklevel=2,
+                "have no row on the map and are not marked",
             )
         self.marginals = marginals
         self.classes = classes
@@ -475,7 +476,7 @@ def _flatten_marginals(y_true, marginals, classes):
     _check_unknown_labels(
         labels, unknown, classes,
         "are counted as outcomes of 0 in every column (the marginals give them "
-        "probability 0)", stacklevel=3,
+        "probability 0)",
     )
     return probs.ravel(), outcomes.ravel().astype(np.float64)
 
@@ -537,11 +538,21 @@ def _label_outcomes(labels, classes):
     return outcomes, ~outcomes.any(axis=1)
 
 
-def _check_unknown_labels(labels, unknown, classes, consequence, stacklevel):
+def _outside_this_module():
+    """The ``stacklevel`` for :func:`warnings.warn`, called from a function
+    of this module, of the first frame outside it."""
+    frame, level = sys._getframe(1), 1
+    while frame is not None and frame.f_globals.get("__name__") == __name__:
+        frame, level = frame.f_back, level + 1
+    return level
+
+
+def _check_unknown_labels(labels, unknown, classes, consequence):
     """Refuse true labels none of which is a class (labels of another kind,
     such as indices beside strings); warn about some that are not (a label
-    the model never saw), saying what becomes of them; ``stacklevel`` as
-    :func:`warnings.warn`'s, counted from the caller of this function."""
+    the model never saw), saying what becomes of them. The warning points
+    at the first line outside this module (whichever constructor or
+    method of a display the user called)."""
     if unknown.all():
         raise ValueError(
             f"no label of y_true is one of classes {classes.tolist()[:5]}: are "
@@ -553,7 +564,7 @@ def _check_unknown_labels(labels, unknown, classes, consequence, stacklevel):
             f"y_true has {int(unknown.sum())} token(s) with labels not in "
             f"classes ({missing[:5]}{', ...' if len(missing) > 5 else ''}): "
             f"they {consequence}",
-            UserWarning, stacklevel=stacklevel + 1,
+            UserWarning, stacklevel=_outside_this_module(),
         )
 
 

@@ -330,6 +330,18 @@ def test_expand_checks_the_columns_of_b_lines():
         expand_crfpp_template("U00:%x[0,0]\nB01:%x[0,5]", [["a", "b"]])
 
 
+def test_template_with_no_feature_column_gives_empty_groups():
+    # Transitions only, or min_count above every count: (T, 0) matrices and
+    # no group (the groups check refused them, naming feature_groups).
+    tokens = [[["a"], ["b"]], [["c"]]]
+    for params in ({"template": "B"}, {"template": "U00:%x[0,0]", "min_count": 5}):
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            X = CRFppTemplateVectorizer(**params).fit_transform(tokens)
+        assert [m.shape for m in X] == [(2, 0), (1, 0)]
+        assert X.feature_groups.shape == (0,)
+
+
 def test_feature_sequences_check_their_groups():
     # Any value was stored; a fit then blamed the estimator's feature_groups
     # (left at "auto") for X's.

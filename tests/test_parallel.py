@@ -275,6 +275,8 @@ def test_fit_in_a_worker_thread_is_the_fit_in_the_main_thread():
     # to split them over threads, which rounds differently.
     from concurrent.futures import ThreadPoolExecutor
 
+    from threadpoolctl import threadpool_limits
+
     X, y = make_sequences(n_sequences=60, n_features=20, n_classes=4, random_state=0)
 
     def fit():
@@ -284,9 +286,13 @@ def test_fit_in_a_worker_thread_is_the_fit_in_the_main_thread():
                 kernel="rbf", n_inducing=60, max_iter=2, random_state=0
             ).fit(X, y)
 
-    main = fit()
-    with ThreadPoolExecutor(1) as pool:
-        worker = pool.submit(fit).result()
+    # Two BLAS threads to start from, whatever OPENBLAS_NUM_THREADS says
+    # (with one, the worker's fit could not differ), the main thread
+    # holding its own limit meanwhile.
+    with threadpool_limits(limits=2, user_api="blas"):
+        main = fit()
+        with ThreadPoolExecutor(1) as pool:
+            worker = pool.submit(fit).result()
     np.testing.assert_array_equal(main.q_mu_, worker.q_mu_)
     np.testing.assert_array_equal(main.q_sqrt_, worker.q_sqrt_)
 

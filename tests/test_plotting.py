@@ -127,6 +127,22 @@ def test_marginals_unknown_true_label_is_not_marked_with_a_warning():
     np.testing.assert_array_equal(display.true_labels_.get_ydata(), [0, np.nan, 1])
 
 
+def test_unknown_label_warnings_point_at_the_caller(fitted):
+    # from_estimator's pointed into plotting.py (the constructor it calls).
+    clf, X, y = fitted
+    unknown = np.r_[y[0][:-1], 99]
+    half, ab = np.full((3, 2), 0.5), ["a", "b"]
+    calls = [
+        lambda: MarginalsDisplay(half, ab, y_true=["a", "z", "b"]),
+        lambda: ReliabilityDisplay.from_predictions([["a", "z", "b"]], [half], ab),
+        lambda: MarginalsDisplay.from_estimator(clf, X[0], y_true=unknown),
+    ]
+    for call in calls:
+        with pytest.warns(UserWarning, match="labels not in classes") as record:
+            call()
+        assert [w.filename for w in record] == [__file__]
+
+
 def test_marginals_through_pipeline():
     rng = np.random.default_rng(0)
     words = ["the", "cat", "sat", "on", "mat"]
