@@ -26,6 +26,15 @@ def _describe(obj):
     return type(obj).__name__
 
 
+def _holds_token_dicts(seq):
+    """Whether ``seq`` is a list of token feature dicts (sklearn-crfsuite's
+    input), judged by its first token."""
+    return (
+        isinstance(seq, list | tuple) and len(seq) > 0
+        and isinstance(seq[0], Mapping)
+    )
+
+
 def refuse_no_sequences(name="X"):
     """The error of a fit given no sequence in ``name``."""
     raise ValueError(f"{name} contains no sequences; at least one is required")
@@ -181,11 +190,20 @@ def check_sequence_features(X, *, name="X", n_features=None, allow_empty=False):
             values = None  # checked once canonical, below
             (kinds if seq.shape[0] else empty_kinds).add("sparse")
         else:
+            if _holds_token_dicts(seq):
+                raise ValueError(
+                    f"{name}[{i}] holds token feature dicts; the estimator takes "
+                    "numeric feature matrices: put a SequenceDictVectorizer "
+                    "before it, make_pipeline(SequenceDictVectorizer(), "
+                    "GPStructClassifier())"
+                )
             kind = getattr(seq, "dtype", np.asarray(seq).dtype).kind
             if kind in "USc":
                 raise ValueError(
                     f"{name}[{i}] must hold real numbers, got an array of dtype "
-                    f"{np.asarray(seq).dtype}"
+                    f"{np.asarray(seq).dtype}; for token rows of text (as "
+                    "read_conll returns them) put a CRFppTemplateVectorizer "
+                    "before the estimator"
                 )
             try:
                 seq = np.asarray(seq, dtype=np.float64)

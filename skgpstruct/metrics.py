@@ -86,6 +86,7 @@ True
 """
 
 import inspect
+import numbers
 
 import numpy as np
 from sklearn.metrics import make_scorer
@@ -301,6 +302,15 @@ def _chunk_counts(y_true, y_pred, scheme):
         )
     is_start, is_end, allowed = _SCHEMES[scheme]
     true, pred = _check_label_pair(y_true, y_pred)
+    # The pair has one kind of label (checked): numbers have no chunk tag,
+    # and every score would be 0, even of a perfect prediction.
+    first = next((seq[0] for seq in true if seq), None)
+    if isinstance(first, numbers.Number):
+        raise ValueError(
+            f"chunk scores need text labels with chunk tags such as 'B-PER', "
+            f"'I-PER', 'O'; the labels are numbers (e.g. {first!r}): map them "
+            "to their names first"
+        )
     cache = {}
 
     def split(label, name, i):

@@ -1302,6 +1302,21 @@ def test_score_refuses_sample_weight_and_label_mismatch(data, fitted):
         fitted.score(X_test, y_test, sample_weight=np.ones(len(X_test)))
     with pytest.raises(ValueError, match="different numbers of sequences"):
         fitted.score(X_test, y_test[:-1])
+    # The right labels as strings (the model has integer classes): the
+    # score was 0, silently, in a model selection's default scoring.
+    as_text = [np.asarray(seq).astype(str) for seq in y_test]
+    with pytest.raises(ValueError, match="mix label types"):
+        fitted.score(X_test, as_text)
+
+
+def test_crfsuite_inputs_name_the_transformer_they_need():
+    # Token dicts or text rows given to the estimator itself.
+    y = [["B-NP", "O"]]
+    with pytest.raises(ValueError, match=r"X\[0\] holds token feature dicts; .*"
+                       r"make_pipeline\(SequenceDictVectorizer\(\), "):
+        GPStructClassifier().fit([[{"w": "the"}, {"w": "cat"}]], y)
+    with pytest.raises(ValueError, match="put a CRFppTemplateVectorizer before"):
+        GPStructClassifier().fit([[["the", "DT"], ["cat", "NN"]]], y)
 
 
 # --------------------------------------------------------------------------- #

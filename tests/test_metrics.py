@@ -256,6 +256,17 @@ def test_iobes_matches_span_reference(pair):
     check_against_reference(y_true, y_pred, "iobes", "iobes")
 
 
+def test_chunk_scores_refuse_numbers():
+    # Integer-coded labels have no chunk tag: every score was 0, even of a
+    # perfect prediction (a search with chunk_f1 compared zeros).
+    y = [[1, 2, 0, 3, 4]]
+    for score in (chunk_f1_score, chunk_precision_score, chunk_recall_score):
+        with pytest.raises(ValueError, match=r"chunk scores need text labels with "
+                           r"chunk tags .* the labels are numbers \(e.g. 1\)"):
+            score(y, y)
+    assert chunk_f1_score([["B-X", "O"]], [["B-X", "O"]]) == 1.0
+
+
 def test_yes_no_arguments_refuse_other_values():
     # A truthy string did the opposite of what it said: "no" meant yes.
     import skgpstruct.chain as chain
