@@ -482,6 +482,15 @@ def _median_distance(X_all):
     return float(np.sqrt(np.median(d2))) if d2.size else 1.0
 
 
+def _one_entry_per_sequence(sequences):
+    """A 1-D object array holding the arrays of ``sequences`` (filled entry
+    by entry: ``np.array`` would make equal-length sequences a 2-D array)."""
+    out = np.empty(len(sequences), dtype=object)
+    for i, sequence in enumerate(sequences):
+        out[i] = sequence
+    return out
+
+
 def _sample_blocks(lengths, K, S, V):
     """How :meth:`GPStructClassifier.predict_marginals` samples a chunk.
 
@@ -1923,15 +1932,18 @@ GroupedLinearKernel`: automatic relevance determination per group).
 
         Returns
         -------
-        y_pred : list of ndarray of shape (T_n,)
-            Labels from ``classes_``; a zero-length sequence gets an empty
-            array.
+        y_pred : ndarray of object of shape (n_sequences,)
+            One array of labels from ``classes_``, of shape (T_n,), per
+            sequence (empty for a zero-length sequence). A one-dimensional
+            array of arrays, as scikit-learn's ``predict`` returns one entry
+            per sample (so that ``cross_val_predict`` joins its folds) and as
+            sklearn-crfsuite's does; it iterates and indexes as a list.
         """
         if self.decode == "marginal":
-            return [
+            return _one_entry_per_sequence([
                 self.classes_[np.argmax(m, axis=1)] if len(m) else self.classes_[:0]
                 for m in self.predict_marginals(X)
-            ]
+            ])
         sequences = self._check_predict_input(X)
         out = [None] * len(sequences)
         for sl, X_c, offsets in self._chunks(sequences):
@@ -1947,7 +1959,7 @@ GroupedLinearKernel`: automatic relevance determination per group).
             for i, piece in zip(range(sl.start, sl.stop),
                                 split_by_offsets(labels, offsets), strict=True):
                 out[i] = self.classes_[piece]
-        return out
+        return _one_entry_per_sequence(out)
 
     def score(self, X, y, sample_weight=None):
         """Token accuracy of :meth:`predict` on ``X`` against ``y``.

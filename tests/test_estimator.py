@@ -921,7 +921,7 @@ def test_zero_length_sequences_at_predict(
     assert [m.shape for m in fitted.predict_marginals([empty()])] == [
         (0, N_CLASSES)
     ]
-    assert fitted.predict([]) == [] and fitted.predict_marginals([]) == []
+    assert fitted.predict([]).shape == (0,) and fitted.predict_marginals([]) == []
 
 
 BATCHES = {
@@ -1307,6 +1307,23 @@ def test_score_refuses_sample_weight_and_label_mismatch(data, fitted):
     as_text = [np.asarray(seq).astype(str) for seq in y_test]
     with pytest.raises(ValueError, match="mix label types"):
         fitted.score(X_test, as_text)
+
+
+def test_cross_val_predict_gives_one_label_array_per_sequence(data, fitted):
+    # predict returned a list of ragged arrays, which cross_val_predict
+    # could not join (and equal-length sequences made a 2-D array).
+    from sklearn.model_selection import cross_val_predict
+
+    X, y, X_test, _ = data
+    model = GPStructClassifier(**{**FAST, "max_iter": 5})
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ConvergenceWarning)
+        predicted = cross_val_predict(model, X[:12], y[:12], cv=3)
+    assert predicted.shape == (12,) and predicted.dtype == object
+    assert [len(p) for p in predicted] == [len(t) for t in y[:12]]
+    same_length = [x[:2] for x in X_test]
+    out = fitted.predict(same_length)
+    assert out.shape == (len(X_test),) and all(p.shape == (2,) for p in out)
 
 
 def test_crfsuite_inputs_name_the_transformer_they_need():
