@@ -664,7 +664,11 @@ CollapsedFeatures`). The posterior family is richer than the mean-field
         one it replaces (the bound is at least as tight), and the fit has 38
         to 47 % of the parameters on the CRF++ sets. After the fit every
         feature has its marginal posterior, so ``q_mu_`` and ``q_sqrt_``
-        keep one entry per feature. Not applied by ``partial_fit``, nor by
+        keep one entry per feature; prediction reads them as independent,
+        so ``predict_marginals`` is less confident than the fitted posterior
+        at tokens with two or more features lone at the same training token
+        (same means and Viterbi path; see :doc:`design`, "Lone features
+        collapsed"). Not applied by ``partial_fit``, nor by
         stochastic fits with ``warm_start=True``: SAGA's state, which the
         next call continues, is kept per feature. False keeps one variable
         per feature and label.
@@ -713,8 +717,9 @@ GroupedLinearKernel`: automatic relevance determination per group).
     ess_thin : int, default=10
         Keep one sample in ``ess_thin`` after burn-in.
     ess_memory_limit : int, default=4 GiB
-        Bytes the Gram matrix and its factor may take; larger training sets
-        are refused before anything is allocated.
+        Bytes the Gram matrix, its factor, the kept samples and the
+        sampler's draw buffers may take; larger training sets are refused
+        before anything is allocated.
     n_jobs : int or None, default=None
         Workers for the per-sequence terms (joblib semantics: None means 1
         unless in a ``joblib.parallel_config`` context, -1 all cores).

@@ -327,8 +327,9 @@ def check_chain_size(n_tokens, n_classes, n_iter, burn_in, thin, memory_limit):
     ------
     ValueError
         When an argument is not an integer in range, when no sample would be
-        kept, or when the Gram matrix, its factor and the kept samples would
-        exceed ``memory_limit`` (the message says how to proceed).
+        kept, or when the Gram matrix, its factor, the kept samples and the
+        sampler's buffers would exceed ``memory_limit`` (the message says
+        how to proceed).
     """
     n_iter = _check_int(n_iter, "n_iter", 1)
     thin = _check_int(thin, "thin", 1)
@@ -344,7 +345,8 @@ def check_chain_size(n_tokens, n_classes, n_iter, burn_in, thin, memory_limit):
         raise ValueError(
             f"inference='ess' needs the dense Gram matrix of all N = {n_tokens} "
             f"training tokens and its Cholesky factor ({_format_bytes(gram_bytes)}"
-            f"), plus {_format_bytes(other_bytes)} for the {n_kept} kept samples: "
+            f"), plus {_format_bytes(other_bytes)} for the {n_kept} kept samples "
+            "and the sampler's draw buffers: "
             f"{_format_bytes(gram_bytes + other_bytes)} in all, more than the "
             f"memory limit of {_format_bytes(memory_limit)}. Use "
             "inference='variational', whose memory does not grow with N^2; or "
@@ -420,7 +422,7 @@ def sample_posterior(
         if 2 or more, one per iteration.
     memory_limit : int, default=4 GiB
         Largest number of bytes the sampler may allocate (Gram matrix,
-        Cholesky factor and kept samples); checked before anything is
+        Cholesky factor, kept samples and draw buffers); checked before anything is
         allocated.
 
     Returns
