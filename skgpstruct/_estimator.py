@@ -85,8 +85,9 @@ PREDICT_NOISE_BYTES = 32 * 2**20
 #: alone exceed it in blocks of its samples, sized by its length alone.
 PREDICT_SAMPLE_BYTES = 64 * 2**20
 # L-BFGS iterations per round of the score estimator (samples are redrawn
-# from the current posterior between rounds).
-SCORE_ROUND_SIZE = 10
+# from the current posterior between rounds). One: longer rounds overfit
+# their samples (design.rst, "Score estimator").
+SCORE_ROUND_SIZE = 1
 # Most bytes of Monte Carlo base samples SAGA's stored gradients keep during
 # a stochastic fit, so that reading a stored gradient back does not draw
 # them again (the same numbers either way; records beyond it draw them).
@@ -791,7 +792,9 @@ GroupedLinearKernel`: automatic relevance determination per group).
         density without its constant (0 at the initial hyperparameters).
         With ``optimizer="stochastic"``, one entry per epoch: the estimate
         its stopping rule compares (see ``optimizer``), from fresh Monte
-        Carlo samples, so not exactly comparable with a batch fit's.
+        Carlo samples, so not exactly comparable with a batch fit's. With
+        ``gradient="score"``, after every round's step: the importance-
+        weighted estimate on the samples drawn at the round's start.
     n_iter_ : int
     ess_ : ESSPosterior
         Only with ``inference="ess"``: the kept samples (the variational
