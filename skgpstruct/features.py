@@ -569,6 +569,31 @@ class CRFppTemplateVectorizer(
         return tags
 
 
+def _token_dict(token, name):
+    """A token's features as one flat dict, from the formats python-crfsuite
+    (hence sklearn-crfsuite) takes: a dict, whose nested dicts give
+    ``"outer:inner"`` names, or a list of feature-name strings (each with
+    value 1.0)."""
+    if isinstance(token, Mapping):
+        if not any(isinstance(v, Mapping) for v in token.values()):
+            return token
+        flat = {}
+        for key, value in token.items():
+            if isinstance(value, Mapping):
+                for inner, inner_value in _token_dict(value, name).items():
+                    flat[f"{key}:{inner}"] = inner_value
+            else:
+                flat[key] = value
+        return flat
+    if isinstance(token, list | tuple) and all(isinstance(f, str) for f in token):
+        return dict.fromkeys(token, 1.0)
+    raise ValueError(
+        f"{name} must be a dict of token features (name -> value, nested "
+        "dicts allowed) or a list of feature-name strings, got "
+        f"{type(token).__name__}"
+    )
+
+
 def _check_dict_sequences(X):
     """Flatten a list of sequences of token dicts; return (dicts, lengths)."""
     if isinstance(X, str | bytes | Mapping) or not hasattr(X, "__len__"):
@@ -584,13 +609,7 @@ def _check_dict_sequences(X):
                 f"{type(seq).__name__}; X must be a list of sequences (wrap a "
                 "single sequence as [seq])"
             )
-        for t, token in enumerate(seq):
-            if not isinstance(token, Mapping):
-                raise ValueError(
-                    f"X[{i}][{t}] must be a dict of token features (name -> "
-                    f"value), got {type(token).__name__}"
-                )
-        flat.extend(seq)
+        flat.extend(_token_dict(token, f"X[{i}][{t}]") for t, token in enumerate(seq))
         lengths.append(len(seq))
     return flat, lengths
 
@@ -611,7 +630,10 @@ class SequenceDictVectorizer(
 
     The input users of sklearn-crfsuite already have: a list of sequences,
     each a list of token feature dicts (``{"word.lower()": "the",
-    "postag": "DT", "BOS": True}``). The dicts of all tokens are handed to a
+    "postag": "DT", "BOS": True}``), in the formats python-crfsuite takes:
+    nested dicts give ``"outer:inner"`` feature names (``{"word": {"lower":
+    "the"}}`` is ``{"word:lower": "the"}``), and a token may be a list of
+    feature-name strings (each with value 1.0). The dicts of all tokens are handed to a
     :class:`~sklearn.feature_extraction.DictVectorizer` (string values become
     one-hot ``name=value`` features, numbers and booleans are kept as
     values) or to any transformer with the same interface, such as
@@ -654,6 +676,15 @@ class SequenceDictVectorizer(
         vectorizer = (
             DictVectorizer() if self.vectorizer is None else clone(self.vectorizer)
         )
+        input_type = getattr(vectorizer, "input_type", "dict")
+        if input_type != "dict":
+            # A FeatureHasher(input_type="string") hashed the dicts' keys
+            # only: two tokens with other values had the same features.
+            raise ValueError(
+                "vectorizer must take token dicts (SequenceDictVectorizer gives "
+                f"it one dict per token), got input_type={input_type!r}; use "
+                "FeatureHasher(input_type='dict'), the default"
+            )
         flat, lengths = _check_dict_sequences(X)
         if not lengths:
             refuse_no_sequences()

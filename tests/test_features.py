@@ -330,6 +330,25 @@ def test_expand_checks_the_columns_of_b_lines():
         expand_crfpp_template("U00:%x[0,0]\nB01:%x[0,5]", [["a", "b"]])
 
 
+def test_token_formats_of_python_crfsuite():
+    # sklearn-crfsuite's input may nest dicts or give a token as a list of
+    # feature names: both were refused (TypeError / "must be a dict").
+    nested = [[{"word": {"lower": "the", "title": True}, "pos": "DT"}, ["bos", "x"]]]
+    flat = [[{"word:lower": "the", "word:title": True, "pos": "DT"},
+             {"bos": 1.0, "x": 1.0}]]
+    a, b = SequenceDictVectorizer().fit(nested), SequenceDictVectorizer().fit(flat)
+    assert a.get_feature_names_out().tolist() == b.get_feature_names_out().tolist()
+    assert "word:lower=the" in a.get_feature_names_out()
+    assert (a.transform(nested)[0] != b.transform(flat)[0]).nnz == 0
+    with pytest.raises(ValueError, match=r"X\[0\]\[1\] must be a dict of token "
+                       r"features .* or a list of feature-name strings, got int"):
+        SequenceDictVectorizer().fit([[{"w": "a"}, 3]])
+    # A hasher of strings hashed the dicts' keys only (values were lost).
+    with pytest.raises(ValueError, match="vectorizer must take token dicts .* "
+                       "input_type='string'"):
+        SequenceDictVectorizer(FeatureHasher(input_type="string")).fit(flat)
+
+
 def test_template_with_no_feature_column_gives_empty_groups():
     # Transitions only, or min_count above every count: (T, 0) matrices and
     # no group (the groups check refused them, naming feature_groups).
