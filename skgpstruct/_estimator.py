@@ -668,7 +668,7 @@ CollapsedFeatures`). The posterior family is richer than the mean-field
         keep one entry per feature; prediction reads them as independent,
         so ``predict_marginals`` is less confident than the fitted posterior
         at tokens with two or more features lone at the same training token
-        (same means and Viterbi path; see :doc:`design`, "Lone features
+        (same means and Viterbi path; see :doc:`/design`, "Lone features
         collapsed"). Not applied by ``partial_fit``, nor by
         stochastic fits with ``warm_start=True``: SAGA's state, which the
         next call continues, is kept per feature. False keeps one variable
