@@ -1618,7 +1618,7 @@ GroupedLinearKernel`: automatic relevance determination per group).
         step = np.full(layout.size, float(self.learning_rate))
         for name in ("theta", "pairwise_log_prior_variance"):
             step[layout.slices[name]] *= 0.5
-        validation = None
+        validation, held_out = None, None
         if validation_chunks:
             held_out = SparseELBO(
                 list(validation_chunks), objective.inducing, objective.kernel,
@@ -1662,6 +1662,11 @@ GroupedLinearKernel`: automatic relevance determination per group).
                 f"{self.learning_rate!r} is too large for this data: lower it "
                 "(the default is 0.1)"
             ) from None
+        finally:
+            # The held-out chunks leave the caches with the fit, as the
+            # training chunks do (_released in _fit).
+            if held_out is not None:
+                held_out.release()
         self.saga_memory_bytes_ = result.stored_bytes
         if self.warm_start:
             # Kept for the next fit to continue. The base samples only save

@@ -5,6 +5,7 @@ so that near-singular kernel matrices are handled the same way everywhere,
 and fits run their BLAS on one thread (:func:`single_blas_thread`).
 """
 
+import os
 import threading
 from contextlib import contextmanager
 
@@ -156,6 +157,23 @@ def single_blas_thread():
                 _BLAS["limit"].restore_original_limits()
                 _release_openblas_control()
                 _BLAS["limit"] = None
+
+
+def _reset_after_fork():
+    """In a child forked while contexts were open (their threads are not in
+    the child), give BLAS back its number of threads from before them and
+    start counting afresh; the lock may have been held by a thread the
+    child does not have."""
+    limit, _BLAS["limit"], _BLAS["users"] = _BLAS["limit"], None, 0
+    _BLAS["lock"] = threading.Lock()
+    if limit is not None:
+        _release_openblas_control()
+        limit.restore_original_limits()
+        _release_openblas_control()
+
+
+if hasattr(os, "register_at_fork"):  # POSIX
+    os.register_at_fork(after_in_child=_reset_after_fork)
 
 
 def _release_openblas_control():

@@ -297,6 +297,53 @@ def test_fit_in_a_worker_thread_is_the_fit_in_the_main_thread():
     np.testing.assert_array_equal(main.q_sqrt_, worker.q_sqrt_)
 
 
+@pytest.mark.skipif(not hasattr(__import__("os"), "fork"), reason="needs os.fork")
+def test_a_child_forked_during_a_fit_counts_its_blas_limit_afresh():
+    # The child inherited the count of contexts open in the parent's
+    # threads: it never set the limit (nor restored it) in its own fits.
+    import os
+
+    from threadpoolctl import threadpool_info, threadpool_limits
+
+    from skgpstruct._linalg import _BLAS, single_blas_thread
+
+    def blas_threads():
+        return {i["num_threads"] for i in threadpool_info() if i["user_api"] == "blas"}
+
+    if not blas_threads():
+        pytest.skip("threadpoolctl finds no BLAS library in this process")
+    with threadpool_limits(limits=2, user_api="blas"), single_blas_thread():
+        pid = os.fork()
+        if pid == 0:  # the child: report by exit status, never return
+            try:
+                ok = _BLAS["users"] == 0 and blas_threads() == {2}
+                with single_blas_thread():
+                    ok = ok and blas_threads() == {1}
+                ok = ok and blas_threads() == {2}
+            finally:
+                os._exit(0 if ok else 1)
+        _, status = os.waitpid(pid, 0)
+        assert _BLAS["users"] == 1 and blas_threads() == {1}  # the parent's
+    assert os.waitstatus_to_exitcode(status) == 0
+
+
+def test_early_stopping_releases_its_held_out_chunks():
+    # The held-out objective's chunks stayed in this process's cache after
+    # the fit (until a later fit evicted them).
+    from skgpstruct.inference import elbo as elbo_module
+
+    elbo_module._CHUNK_CACHE.clear()
+    X, y = make_sequences(30, length_range=(3, 9), random_state=4)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ConvergenceWarning)
+        model = GPStructClassifier(
+            optimizer="stochastic", early_stopping=True, validation_fraction=0.3,
+            max_iter=3, random_state=0,
+        ).fit(X, y)
+    assert model.validation_score_history_  # the held-out part was used
+    assert elbo_module._CHUNK_CACHE == {}
+
+
 def test_single_blas_thread_is_counted_and_restored():
     # The limit holds until the last open context closes (fits and chunks in
     # threads of one process share it), then the original is back.
