@@ -222,7 +222,10 @@ def _make_chunks(sequences, offsets, label_index, groups, seeds):
         labels = np.concatenate(
             [label_index[offsets[i] : offsets[i + 1]] for i in group]
         ).astype(np.int64)
-        chunks.append(Chunk(X_c, chunk_offsets, labels, chunk_seed))
+        chunks.append(Chunk(
+            X_c, chunk_offsets, labels, chunk_seed,
+            sequence_ids=np.asarray(group, dtype=np.int64),
+        ))
     return chunks
 
 

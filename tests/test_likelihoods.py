@@ -692,6 +692,30 @@ def test_subclass_log_prob_output_is_checked(value, message):
         _Returns(value=value).log_prob(*_batch())
 
 
+def test_fit_names_the_training_sequence_of_a_non_finite_value(monkeypatch):
+    # The engine calls the likelihood on chunks of the training set: the
+    # error named the sequence's number within its chunk.
+    import skgpstruct._estimator as estimator_module
+    from skgpstruct.datasets import make_sequences
+
+    monkeypatch.setattr(estimator_module, "CHUNK_TOKENS", 30)
+    X, y = make_sequences(n_sequences=12, length_range=(4, 6), random_state=0)
+    target = 9
+
+    class InfiniteAtOne(Likelihood):
+        def _log_prob(self, unary, pairwise, offsets, labels):
+            out = np.zeros((unary.shape[0], len(offsets) - 1))
+            for n in range(len(offsets) - 1):
+                if np.array_equal(labels[offsets[n]:offsets[n + 1]], y[target]):
+                    out[:, n] = np.inf
+            return out
+
+    assert sum(np.array_equal(s, y[target]) for s in y) == 1
+    with pytest.raises(ValueError, match=f"returned inf for sequence {target} "):
+        GPStructClassifier(likelihood=InfiniteAtOne(), gradient="score",
+                           n_samples=2, max_iter=1, random_state=0).fit(X, y)
+
+
 @pytest.mark.parametrize(
     ("index", "bad", "message"),
     [
@@ -701,10 +725,10 @@ def test_subclass_log_prob_output_is_checked(value, message):
         (0, np.full((2, 2), np.nan), "returned nan for sequence 0"),
         # Were accepted, and a fit stopped with "line search failed".
         (1, np.where(np.arange(30).reshape(2, 5, 3) == 7, np.nan, 0.0),
-         r"unary gradient with nan at index \(0, 2, 1\) \(1 entries not "
-         r"finite\); gradients must be finite"),
-        (2, np.full((2, 2, 3, 3), np.inf), r"pairwise gradient with inf at index "
-         r"\(0, 0, 0, 0\) \(36 entries"),
+         r"unary gradient with nan at sequence 1, token 0 \(sample 0; 1 entries "
+         r"not finite\); gradients must be finite"),
+        (2, np.full((2, 2, 3, 3), np.inf), r"pairwise gradient with inf at "
+         r"sequence 0 \(sample 0; 36 entries"),
     ],
 )
 def test_subclass_gradient_output_is_checked(index, bad, message):

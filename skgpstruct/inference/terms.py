@@ -39,6 +39,7 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 
 from .. import _stacked as stacked_kernels
+from ..likelihoods.base import NonFiniteLikelihood
 
 # Largest size of the base samples a chunk keeps between evaluations.
 NOISE_CACHE_BYTES = 64 * 2**20
@@ -67,6 +68,9 @@ class Chunk:
     layout : object
         What the inducing variables precompute once per fit for this chunk
         (``inducing.chunk_layout(X, offsets)``); None if nothing.
+    sequence_ids : ndarray of int or None
+        The number of every sequence in the training set, used to name it
+        when the likelihood returns a value that is not finite.
     """
 
     X: object
@@ -76,6 +80,8 @@ class Chunk:
     layout: object = None
     # Batch-mode base samples, kept between evaluations in this process only.
     noise_cache: dict = field(default_factory=dict, repr=False)
+    # The training-set number of every sequence (for error messages).
+    sequence_ids: np.ndarray = None
 
     def __getstate__(self):
         state = self.__dict__.copy()
@@ -215,6 +221,16 @@ def chunk_terms(chunk, shared, local=False):
         ``theta`` (n_theta,) or None, and ``local`` (and in the stacked form
         ``noise``) when asked for.
     """
+    try:
+        return _chunk_terms(chunk, shared, local)
+    except NonFiniteLikelihood as exc:
+        if chunk.sequence_ids is None:
+            raise
+        raise exc.renumbered(int(chunk.sequence_ids[exc.sequence])) from None
+
+
+def _chunk_terms(chunk, shared, local):
+    """:func:`chunk_terms` with the sequences numbered within the chunk."""
     rng = _chunk_rng(chunk, shared.iteration_key)
     if local and shared.estimator != "pathwise":
         raise ValueError("local gradients need the pathwise estimator")

@@ -47,19 +47,58 @@ def _checked(likelihood, what, value, shape, where=""):
     return array
 
 
+class NonFiniteLikelihood(ValueError):
+    """A likelihood returned a value that is not finite; the message names
+    the likelihood, the sequence (and token), the sample and the value.
+
+    The engine calls a likelihood on batches of sequences (chunks of the
+    training set): :meth:`renumbered` gives the same error with the
+    sequence's number in the training set.
+    """
+
+    def __init__(self, who, what, value, sequence, sample, token=None, n_bad=1):
+        self.who, self.what, self.value = who, what, value
+        self.sequence, self.sample, self.token, self.n_bad = (
+            sequence, sample, token, n_bad
+        )
+        super().__init__(self._message())
+
+    def _message(self):
+        if self.what == "log-likelihood":
+            return (
+                f"{self.who} returned {self.value} for sequence {self.sequence} "
+                f"(sample {self.sample}); log-likelihoods must be finite (NaN or "
+                "+inf is a bug in the likelihood; -inf makes the ELBO -inf: "
+                "give every labelling a positive probability)"
+            )
+        where = f"sequence {self.sequence}"
+        if self.token is not None:
+            where += f", token {self.token}"
+        return (
+            f"{self.who} returned a {self.what} with {self.value} at {where} "
+            f"(sample {self.sample}; {self.n_bad} entries not finite); "
+            "gradients must be finite"
+        )
+
+    def renumbered(self, sequence):
+        """The same error for sequence number ``sequence``."""
+        return type(self)(
+            self.who, self.what, self.value, sequence, self.sample, self.token,
+            self.n_bad,
+        )
+
+
 def _finite_log_prob(who, log_p, sequence=None):
     """``log_p`` of shape (S, n_sequences), or (S,) for sequence number
-    ``sequence``, if every value is finite; otherwise a ValueError naming
-    ``who`` (the likelihood, or its name), the sequence and the sample."""
+    ``sequence``, if every value is finite; otherwise a NonFiniteLikelihood
+    (a ValueError) naming ``who`` (the likelihood, or its name), the
+    sequence and the sample."""
     bad = np.argwhere(~np.isfinite(log_p))
     if bad.size:
         index = tuple(int(i) for i in bad[0])
         sample, sequence = index if sequence is None else (index[0], sequence)
-        raise ValueError(
-            f"{who} returned {log_p[index]} for sequence {sequence} (sample "
-            f"{sample}); log-likelihoods must be finite (NaN or +inf is a bug "
-            "in the likelihood; -inf makes the ELBO -inf: give every "
-            "labelling a positive probability)"
+        raise NonFiniteLikelihood(
+            who, "log-likelihood", log_p[index], sequence, sample
         )
     return log_p
 
@@ -71,16 +110,23 @@ def _checked_log_prob(likelihood, value, shape):
     )
 
 
-def _checked_gradient(likelihood, what, value, shape):
-    """:func:`_checked` for a gradient, which must be finite."""
+def _checked_gradient(likelihood, what, value, shape, offsets):
+    """:func:`_checked` for a gradient, which must be finite: the unary one
+    (S, n_tokens, V), whose token is located in its sequence by
+    ``offsets``, or the pairwise one (S, n_sequences, V, V)."""
     gradient = _checked(likelihood, what, value, shape)
     bad = np.argwhere(~np.isfinite(gradient))
     if bad.size:
-        index = tuple(int(i) for i in bad[0])
-        raise ValueError(
-            f"{likelihood!r} returned a {what} with {gradient[index]} at index "
-            f"{index} ({bad.shape[0]} entries not finite); gradients must be "
-            "finite"
+        sample, position = (int(i) for i in bad[0][:2])
+        index = tuple(bad[0])
+        if what == "unary gradient":
+            sequence = int(np.searchsorted(offsets, position, side="right")) - 1
+            token = position - int(offsets[sequence])
+        else:
+            sequence, token = position, None
+        raise NonFiniteLikelihood(
+            repr(likelihood), what, gradient[index], sequence, sample, token,
+            n_bad=bad.shape[0],
         )
     return gradient
 
@@ -211,8 +257,10 @@ class Likelihood(ABC):
         S, n_seq, V = unary.shape[0], len(offsets) - 1, unary.shape[2]
         return (
             _checked_log_prob(self, out[0], (S, n_seq)),
-            _checked_gradient(self, "unary gradient", out[1], unary.shape),
-            _checked_gradient(self, "pairwise gradient", out[2], (S, n_seq, V, V)),
+            _checked_gradient(self, "unary gradient", out[1], unary.shape, offsets),
+            _checked_gradient(
+                self, "pairwise gradient", out[2], (S, n_seq, V, V), offsets
+            ),
         )
 
     def decoding_pairwise(self, pairwise):
