@@ -156,7 +156,10 @@ def fit_and_score(X, y, X_test, y_test, **params):
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[1])
+    parser = argparse.ArgumentParser(
+        description="a chain CRF likelihood that expects noisy labels, fitted "
+        "with the score-function gradient, against the built-in one"
+    )
     parser.add_argument("--out", default=Path(__file__).resolve().parent,
                         help="folder for the PNG file (default: next to "
                         "this script)")
@@ -201,7 +204,9 @@ def main(argv=None):
     ax.invert_yaxis()
     ax.set_xlabel(f"token accuracy on clean test labels (train flip rate {EPS})")
     fig.tight_layout()
-    path = Path(args.out) / "plot_custom_likelihood.png"
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / "plot_custom_likelihood.png"
     fig.savefig(path, dpi=110)
     print(f"bar chart written to {path}")
 

@@ -596,9 +596,10 @@ class GPStructClassifier(BaseEstimator):
     batch_size : int, default=10
         Sequences per mini-batch (``optimizer="stochastic"``).
     learning_rate : float, default=0.1
-        Initial step size of the stochastic optimiser. On dev splits outside
-        the benchmark folds (mini-batches of 2), 0.1 matched or beat 0.05 on
-        all four CRF++ sets. Steps so large that the gradient overflows
+        Initial step size of the stochastic optimiser. On the dev splits
+        (before 757c9b3, when basenp's and chunking's overlapped section 2's
+        data; mini-batches of 2), 0.1 matched or beat 0.05 on all four
+        CRF++ sets. Steps so large that the gradient overflows
         stop the fit with a ValueError naming it.
     n_iter_no_change : int, default=5
         Epochs without improvement before the stochastic optimiser stops
@@ -617,9 +618,12 @@ class GPStructClassifier(BaseEstimator):
         ``early_stopping=True`` (at least one sequence).
     tol : float, default=1e-5
         Relative change of the ELBO under which the optimisation stops. On
-        dev splits outside the benchmark folds (basenp, chunking,
-        JapaneseNE) 1e-5 gave the error of 1e-6 in about half the time;
-        1e-4 was 0.1 to 0.7 points worse on basenp, chunking and seg.
+        the dev splits before 757c9b3 (basenp, chunking, JapaneseNE) 1e-5
+        gave the error of 1e-6 in about half the time, and 1e-4 was 0.1 to
+        0.7 points worse on basenp, chunking and seg; on the dev splits
+        since (off every benchmark's data) 1e-5 was the lowest of the three
+        on basenp and within a token of 1e-4 on chunking
+        (:doc:`/benchmark_history`, "Dev splits off the benchmark data").
     decode : {"viterbi", "marginal"}, default="viterbi"
         ``predict`` runs Viterbi on the posterior mean potentials, or takes
         the per-token argmax of :meth:`predict_marginals`. Both decode with
@@ -641,7 +645,7 @@ class GPStructClassifier(BaseEstimator):
         the ELBO switches many CRF++ templates off (on dev splits a sixth
         to three fifths of them end 100 to 10,000 times below their start);
         3.0 (a factor of 20 per standard deviation) had the lowest mean
-        error on dev splits outside the benchmark folds, and cut the Table 1
+        error on the dev splits (before and since 757c9b3), and cut the Table 1
         batch fits' iterations by a quarter to two fifths (user guide,
         "Learning the hyperparameters").
     pairwise_prior_variance : float, default=1.0

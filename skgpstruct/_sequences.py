@@ -35,6 +35,16 @@ def _holds_token_dicts(seq):
     )
 
 
+def _holds_text_rows(seq):
+    """Whether ``seq`` is a list of tokens given as lists of strings (CoNLL
+    rows, or python-crfsuite's lists of feature names), by its first one."""
+    return (
+        isinstance(seq, list | tuple) and len(seq) > 0
+        and isinstance(seq[0], list | tuple)
+        and all(isinstance(v, str) for v in seq[0])
+    )
+
+
 def refuse_no_sequences(name="X"):
     """The error of a fit given no sequence in ``name``."""
     raise ValueError(f"{name} contains no sequences; at least one is required")
@@ -197,11 +207,23 @@ def check_sequence_features(X, *, name="X", n_features=None, allow_empty=False):
                     "before it, make_pipeline(SequenceDictVectorizer(), "
                     "GPStructClassifier())"
                 )
-            kind = getattr(seq, "dtype", np.asarray(seq).dtype).kind
-            if kind in "USc":
+            try:  # a ragged list (rows of other lengths) raises here
+                dtype = seq.dtype if hasattr(seq, "dtype") else np.asarray(seq).dtype
+            except (TypeError, ValueError) as exc:
+                hint = ""
+                if _holds_text_rows(seq):
+                    hint = (
+                        "; for tokens given as lists of feature names put a "
+                        "SequenceDictVectorizer before the estimator"
+                    )
+                raise ValueError(
+                    f"{name}[{i}] could not be converted to a float array: "
+                    f"{exc}{hint}"
+                ) from None
+            if dtype.kind in "USc":
                 raise ValueError(
                     f"{name}[{i}] must hold real numbers, got an array of dtype "
-                    f"{np.asarray(seq).dtype}; for token rows of text (as "
+                    f"{dtype}; for token rows of text (as "
                     "read_conll returns them) put a CRFppTemplateVectorizer "
                     "before the estimator"
                 )

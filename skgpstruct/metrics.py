@@ -674,7 +674,7 @@ def get_sequence_scorer(name, **kwargs):
     scorer : callable
         ``scorer(estimator, X, y)``, as :func:`sklearn.metrics.make_scorer`
         builds; usable as ``scoring=`` where the estimator's ``predict``
-        returns a list of label arrays.
+        returns one label array per sequence.
 
     Raises
     ------

@@ -1334,6 +1334,13 @@ def test_crfsuite_inputs_name_the_transformer_they_need():
         GPStructClassifier().fit([[{"w": "the"}, {"w": "cat"}]], y)
     with pytest.raises(ValueError, match="put a CRFppTemplateVectorizer before"):
         GPStructClassifier().fit([[["the", "DT"], ["cat", "NN"]]], y)
+    # Ragged rows: NumPy's error came unwrapped, naming no argument.
+    with pytest.raises(ValueError, match=r"X\[0\] could not be converted .*lists "
+                       "of feature names put a SequenceDictVectorizer"):
+        GPStructClassifier().fit([[["w=the", "pos=DT"], ["w=cat"]]], y)
+    with pytest.raises(ValueError, match=r"X\[0\] could not be converted to a "
+                       r"float array: [^;]*$"):
+        GPStructClassifier().fit([[[1.0, 2.0], [3.0]]], y)
 
 
 # --------------------------------------------------------------------------- #

@@ -107,9 +107,10 @@ class PiecewisePseudoLikelihood(Likelihood):
     (p(y_t) p(y_{t+1}))``, i.e. the chain with the unaries and the pointwise
     mutual information of the label pairs as transitions
     (:meth:`decoding_pairwise`; exact when the tokens' features are
-    independent given their labels). On dev splits outside the benchmark
-    folds this decoding was better than adding the fitted transitions on
-    every set (user guide, "Choosing the likelihood").
+    independent given their labels). On the dev splits (before 757c9b3,
+    when basenp's and chunking's overlapped section 2's data) this decoding
+    was better than adding the fitted transitions on every set (user
+    guide, "Choosing the likelihood").
 
     References
     ----------
