@@ -672,10 +672,8 @@ CollapsedFeatures`). The posterior family is richer than the mean-field
         one it replaces (the bound is at least as tight), and the fit has 38
         to 47 % of the parameters on the CRF++ sets. After the fit every
         feature has its marginal posterior, so ``q_mu_`` and ``q_sqrt_``
-        keep one entry per feature; prediction reads them as independent,
-        so ``predict_marginals`` is less confident than the fitted posterior
-        at tokens with two or more features lone at the same training token
-        (same means and Viterbi path; see :doc:`/design`, "Lone features
+        keep one entry per feature, and ``predict_marginals`` samples the
+        collapsed posterior itself (see :doc:`/design`, "Lone features
         collapsed"). Not applied by ``partial_fit``, nor by
         stochastic fits with ``warm_start=True``: SAGA's state, which the
         next call continues, is kept per feature. False keeps one variable
@@ -1345,7 +1343,10 @@ GroupedLinearKernel`: automatic relevance determination per group).
         self.kernel_ = objective.kernel_at(theta)
         if layout.n_theta:
             _warn_at_bounds(self.kernel_)
+        self.__dict__.pop("_collapsed", None)
         if fit_inducing is not inducing:  # every feature's marginal posterior
+            # predict_marginals samples the collapsed posterior itself.
+            self._collapsed = (fit_inducing, params.q_mu, params.q_sqrt)
             params.q_mu, params.q_sqrt = fit_inducing.expand(
                 params.q_mu, params.q_sqrt, self.kernel_
             )
@@ -1515,7 +1516,8 @@ GroupedLinearKernel`: automatic relevance determination per group).
         # Attributes of an earlier variational or stochastic fit.
         for name in ("q_mu_", "q_sqrt_", "weights_", "inducing_", "inducing_points_",
                      "elbo_history_", "pairwise_std_", "saga_memory_bytes_",
-                     "validation_score_history_", "_saga_state", "_saga_items"):
+                     "validation_score_history_", "_saga_state", "_saga_items",
+                     "_collapsed"):
             self.__dict__.pop(name, None)
         self.classes_ = classes
         self.n_features_in_ = X_all.shape[1]
@@ -1810,6 +1812,7 @@ GroupedLinearKernel`: automatic relevance determination per group).
         ]
         S = len(pairwise)
         marg = np.zeros((X_c.shape[0], V))
+        sampled, X_s, inducing, state = self._sampling_design(params, X_c)
         # Runs of sequences sampled together: a long one alone, in blocks.
         for n0, n1, block in _sample_blocks(np.diff(offsets), K, S, V):
             t0, t1 = offsets[n0], offsets[n1]
@@ -1820,7 +1823,8 @@ GroupedLinearKernel`: automatic relevance determination per group).
                 s1 = min(S, s0 + block)
                 with np.errstate(over="ignore", invalid="ignore"):  # refused below
                     unary = self._unary_samples(
-                        params, X_c[t0:t1], part_offsets, s1 - s0, rngs[n0:n1]
+                        sampled, X_s[t0:t1], part_offsets, s1 - s0, rngs[n0:n1],
+                        inducing, state,
                     )
                 _check_potentials(
                     unary, pairwise[s0:s1], part_offsets, X_c[t0:t1], "sampled"
@@ -1835,19 +1839,24 @@ GroupedLinearKernel`: automatic relevance determination per group).
         np.minimum(marg, 1.0, out=marg)  # the division can give 1 + ulp
         return split_by_offsets(marg, offsets)
 
-    def _unary_samples(self, params, X_c, offsets, S, rngs):
+    def _unary_samples(self, params, X_c, offsets, S, rngs, inducing=None,
+                       state=None):
         """Posterior samples (K, S, n_tokens, V) of a chunk's unary potentials,
         each sequence's from its own generator in ``rngs``.
 
         Inducing features with diagonal covariances sample in the stacked
         form (one compiled pass, a token's lone features in one draw); other
         models sequence by sequence, one draw per inducing variable. Both
-        have the same distribution.
+        have the same distribution. ``inducing`` and ``state`` (the model's
+        when None) are those of ``X_c``'s columns (see
+        :meth:`_sampling_design`).
         """
+        if inducing is None:
+            inducing, state = self.inducing_, self._inducing_state
         K, V, _ = params.q_mu.shape
         if not params.full_covariance:
-            layout = self.inducing_.chunk_layout(X_c, offsets)
-            stacked = self.inducing_.stacked_projection(self._inducing_state, layout)
+            layout = inducing.chunk_layout(X_c, offsets)
+            stacked = inducing.stacked_projection(state, layout)
             if stacked is not None:
                 # float32 noise of the drawn rows and of the tokens
                 n_noise = (stacked.split.drawn.size + X_c.shape[0]) * K * V * S
@@ -1859,15 +1868,19 @@ GroupedLinearKernel`: automatic relevance determination per group).
                     t = offsets[half]
                     unary = np.empty((K, S, X_c.shape[0], V))
                     unary[:, :, :t] = self._unary_samples(
-                        params, X_c[:t], offsets[: half + 1], S, rngs[:half]
+                        params, X_c[:t], offsets[: half + 1], S, rngs[:half],
+                        inducing, state,
                     )
                     unary[:, :, t:] = self._unary_samples(
-                        params, X_c[t:], offsets[half:] - t, S, rngs[half:]
+                        params, X_c[t:], offsets[half:] - t, S, rngs[half:],
+                        inducing, state,
                     )
                     return unary
                 return sample_unary_stacked(
                     params, stacked, layout.row_starts, offsets, S, rngs
                 )
+        if inducing is not self.inducing_:
+            raise RuntimeError("a sampling design needs the stacked form")
         projection = self._project(X_c, offsets)
         residual_sd = np.sqrt(projection.residual)
         unary = np.empty((K, S, X_c.shape[0], V))
@@ -1883,6 +1896,64 @@ GroupedLinearKernel`: automatic relevance determination per group).
                 params, one, residual_sd[t0:t1], S, rng
             )
         return unary
+
+    def _sampling_design(self, params, X_c):
+        """``(params, X, inducing, state)`` that ``predict_marginals``
+        samples a chunk's unaries with.
+
+        The model's own, unless the fit collapsed the lone features: then
+        the collapsed posterior itself, on a design of the chunk's tokens
+        built for it (design.rst, "Lone features collapsed"). A token's
+        lone features of training token ``t`` reach the potentials through
+        ``sum_j v_j u_j`` (``v_j = x_j c_j``), and under ``q(g_t) p(u | g)``
+        ``u_j = a_j w_t + e_j``, ``w_t`` the collapsed (white) variable and
+        ``e = (I - a a^T) z``, ``z`` white prior weights. So the design
+        gives every collapsed variable the column ``(a . v) / sigma_t``
+        (scale ``sigma_t``, posterior ``q``) and every lone feature the
+        value ``x_j - (a . v) a_j / c_j`` (its own scale, posterior the
+        prior): exact, where the per-feature marginals (``q_mu_``,
+        ``q_sqrt_``) drop the lone weights' correlation. Each token's row
+        depends on its own features only.
+        """
+        collapsed = getattr(self, "_collapsed", None)
+        if collapsed is None:
+            return params, X_c, self.inducing_, self._inducing_state
+        features, q_mu_c, q_sqrt_c = collapsed
+        n, lone = features.n_original, features.lone
+        n_kept, n_collapsed = features.kept.size, features.n_collapsed
+        scales = self._inducing_state  # the original columns', then the bias'
+        sigma = features._spread(scales[:-1])
+        loadings = sp.csr_matrix(
+            (features._loadings(self.kernel_), features.token_values.indices,
+             features.token_values.indptr),
+            shape=features.token_values.shape,
+        )  # (n_collapsed, n_lone): a_j in the row of its training token
+        X = sp.csr_matrix(X_c, dtype=np.float64)
+        X_lone = X[:, lone]
+        a_dot_v = X_lone.multiply(scales[lone]).tocsr() @ loadings.T
+        shift = (a_dot_v @ loadings).multiply(1.0 / scales[lone]).tocsr()
+        to_columns = sp.csr_matrix(
+            (np.ones(lone.size), (np.arange(lone.size), lone)), shape=(lone.size, n)
+        )
+        X_s = sp.hstack(
+            [X - shift @ to_columns, a_dot_v.multiply(1.0 / sigma)], format="csr"
+        )
+        lone_prior = np.zeros(n + 1, dtype=bool)
+        lone_prior[lone] = True
+        columns = np.s_[..., n_kept : n_kept + n_collapsed]
+        q_mu = np.concatenate(
+            [np.where(lone_prior, 0.0, params.q_mu)[..., :n], q_mu_c[columns],
+             params.q_mu[..., n:]], axis=-1,
+        )
+        q_sqrt = np.concatenate(
+            [np.where(lone_prior, 1.0, params.q_sqrt)[..., :n], q_sqrt_c[columns],
+             params.q_sqrt[..., n:]], axis=-1,
+        )
+        state = np.concatenate([scales[:n], sigma, scales[n:]])
+        return (
+            dataclasses.replace(params, q_mu=q_mu, q_sqrt=q_sqrt), X_s,
+            InducingFeatures(n + n_collapsed), state,
+        )
 
     def _predict_marginals_ess(self, sequences):
         """GPstruct's prediction: marginals averaged over the kept samples of

@@ -650,9 +650,9 @@ def test_predict_marginals_in_halves_under_a_noise_budget(data, fitted, monkeypa
     calls = []
     original = GPStructClassifier._unary_samples
 
-    def counted(self, params, X_c, offsets, S, rngs):
+    def counted(self, params, X_c, offsets, S, rngs, *args):
         calls.append(len(offsets) - 1)
-        return original(self, params, X_c, offsets, S, rngs)
+        return original(self, params, X_c, offsets, S, rngs, *args)
 
     monkeypatch.setattr(GPStructClassifier, "_unary_samples", counted)
     monkeypatch.setattr(estimator_module, "PREDICT_NOISE_BYTES", 1)
@@ -660,6 +660,56 @@ def test_predict_marginals_in_halves_under_a_noise_budget(data, fitted, monkeypa
     assert calls[0] == 6 and sorted(calls).count(1) == 6
     for a, b in zip(whole, halves, strict=True):
         np.testing.assert_allclose(b, a, rtol=0, atol=1e-12)
+
+
+def test_predict_marginals_sample_the_collapsed_posterior_that_was_fitted():
+    # With the lone features collapsed, prediction read the per-feature
+    # marginals as independent: at a training token with several lone
+    # features its potentials' variance was sigma^2 (1 - (1 - s^2) sum a^4),
+    # wider than the fitted sigma^2 s^2.
+    from skgpstruct.kernels import LinearKernel
+
+    rng = np.random.default_rng(0)
+    n_seq, length, per_token = 6, 4, 3
+    n_tokens = n_seq * length
+    rows = np.repeat(np.arange(n_tokens), per_token)
+    columns = np.arange(n_tokens * per_token)  # every feature at one token
+    values = rng.uniform(0.5, 2.0, size=columns.size)
+    X_all = sp.csr_matrix((values, (rows, columns)))
+    X = [X_all[i * length : (i + 1) * length] for i in range(n_seq)]
+    y = [rng.integers(2, size=length) for _ in range(n_seq)]
+    model = GPStructClassifier(
+        kernel=LinearKernel(), learn_hyperparameters=False, max_iter=30,
+        random_state=0,
+    )
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ConvergenceWarning)
+        model.fit(X, y)
+    features, q_mu_c, q_sqrt_c = model._collapsed
+    assert features.n_collapsed == n_tokens and features.kept.size == 0
+    scales = model._inducing_state
+    sigma = features._spread(scales[:-1])  # per training token, in order
+    s2 = q_sqrt_c[0, :, :n_tokens].T ** 2  # (tokens, labels)
+    bias_var = (scales[-1] * q_sqrt_c[0, :, -1]) ** 2
+    exact = sigma[:, None] ** 2 * s2 + bias_var
+    a = features._loadings(model.kernel_).reshape(n_tokens, per_token)
+    marginal = sigma[:, None] ** 2 * (
+        1 - (1 - s2) * np.sum(a**4, axis=1)[:, None]
+    ) + bias_var
+    apart = marginal > 1.15 * exact  # where the test can tell them apart
+    assert apart.sum() >= 10
+    X_c, offsets = stack_sequences(X)
+    params, X_s, inducing, state = model._sampling_design(model._params(), X_c)
+    S = 20000
+    rngs = [np.random.default_rng(i) for i in range(n_seq)]
+    unary = model._unary_samples(params, X_s, offsets, S, rngs, inducing, state)
+    variance = unary[0].var(axis=0)
+    np.testing.assert_allclose(variance, exact, rtol=0.05)
+    assert np.all(variance[apart] < 0.95 * marginal[apart])
+    mean = sigma[:, None] * q_mu_c[0, :, :n_tokens].T + scales[-1] * q_mu_c[0, :, -1]
+    np.testing.assert_allclose(
+        unary[0].mean(axis=0), mean, atol=4 * np.sqrt(exact.max() / S)
+    )
 
 
 def test_sample_blocks_cover_every_sequence_once(monkeypatch):
@@ -704,9 +754,9 @@ def test_predict_marginals_of_long_sequences_in_blocks_of_samples(
     blocks = []
     original = GPStructClassifier._unary_samples
 
-    def counted(self, params, X_c, offsets, S, rngs):
+    def counted(self, params, X_c, offsets, S, rngs, *args):
         blocks.append((len(offsets) - 1, S))
-        return original(self, params, X_c, offsets, S, rngs)
+        return original(self, params, X_c, offsets, S, rngs, *args)
 
     monkeypatch.setattr(GPStructClassifier, "_unary_samples", counted)
     blocked = model.predict_marginals(X)
