@@ -93,8 +93,10 @@ def _finite_log_prob(who, log_p, sequence=None):
     ``sequence``, if every value is finite; otherwise a NonFiniteLikelihood
     (a ValueError) naming ``who`` (the likelihood, or its name), the
     sequence and the sample."""
-    bad = np.argwhere(~np.isfinite(log_p))
-    if bad.size:
+    # A finite sum (one pass, no temporary) means finite values; only a
+    # sum that is not finite (or overflowed) needs the search.
+    bad = () if np.isfinite(np.sum(log_p)) else np.argwhere(~np.isfinite(log_p))
+    if len(bad):
         index = tuple(int(i) for i in bad[0])
         sample, sequence = index if sequence is None else (index[0], sequence)
         raise NonFiniteLikelihood(
@@ -115,8 +117,9 @@ def _checked_gradient(likelihood, what, value, shape, offsets):
     (S, n_tokens, V), whose token is located in its sequence by
     ``offsets``, or the pairwise one (S, n_sequences, V, V)."""
     gradient = _checked(likelihood, what, value, shape)
-    bad = np.argwhere(~np.isfinite(gradient))
-    if bad.size:
+    # As in _finite_log_prob: the search only when the sum is not finite.
+    bad = () if np.isfinite(np.sum(gradient)) else np.argwhere(~np.isfinite(gradient))
+    if len(bad):
         sample, position = (int(i) for i in bad[0][:2])
         index = tuple(bad[0])
         if what == "unary gradient":
