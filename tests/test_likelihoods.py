@@ -714,6 +714,22 @@ def test_fit_names_the_training_sequence_of_a_non_finite_value(monkeypatch):
     with pytest.raises(ValueError, match=f"returned inf for sequence {target} "):
         GPStructClassifier(likelihood=InfiniteAtOne(), gradient="score",
                            n_samples=2, max_iter=1, random_state=0).fit(X, y)
+    # Two mixture components: the likelihood saw their samples one after
+    # the other (sample 2 was sample 0 of component 1).
+    with pytest.raises(ValueError, match=r"\(sample 0 of component 0\)"):
+        GPStructClassifier(likelihood=InfiniteAtOne(), gradient="score",
+                           n_components=2, covariance="diag", n_samples=2,
+                           max_iter=1, random_state=0).fit(X, y)
+    # From a worker process the error travels back pickled: it could not be
+    # unpickled, and the fit ended in a BrokenProcessPool.
+    from joblib import parallel_config
+
+    with parallel_config(backend="loky"), pytest.raises(
+        ValueError, match=f"returned inf for sequence {target} "
+    ):
+        GPStructClassifier(likelihood=InfiniteAtOne(), gradient="score",
+                           n_samples=2, max_iter=1, n_jobs=2,
+                           random_state=0).fit(X, y)
 
 
 @pytest.mark.parametrize(

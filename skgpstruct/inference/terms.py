@@ -226,7 +226,13 @@ def chunk_terms(chunk, shared, local=False):
     except NonFiniteLikelihood as exc:
         if chunk.sequence_ids is None:
             raise
-        raise exc.renumbered(int(chunk.sequence_ids[exc.sequence])) from None
+        # The likelihood saw the mixture components' samples one after the
+        # other: sample k * S + s is sample s of component k.
+        K, S = shared.params.q_mu.shape[0], shared.n_samples
+        sample = (
+            None if K == 1 else f"{exc.sample % S} of component {exc.sample // S}"
+        )
+        raise exc.renumbered(int(chunk.sequence_ids[exc.sequence]), sample) from None
 
 
 def _chunk_terms(chunk, shared, local):

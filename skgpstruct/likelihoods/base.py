@@ -80,11 +80,19 @@ class NonFiniteLikelihood(ValueError):
             "gradients must be finite"
         )
 
-    def renumbered(self, sequence):
-        """The same error for sequence number ``sequence``."""
+    def renumbered(self, sequence, sample=None):
+        """The same error for sequence number ``sequence`` (and, when given,
+        sample ``sample``, e.g. ``"3 of component 1"``)."""
         return type(self)(
-            self.who, self.what, self.value, sequence, self.sample, self.token,
-            self.n_bad,
+            self.who, self.what, self.value, sequence,
+            self.sample if sample is None else sample, self.token, self.n_bad,
+        )
+
+    def __reduce__(self):
+        # Raised in a worker process, it travels back pickled (loky, dask).
+        return type(self), (
+            self.who, self.what, self.value, self.sequence, self.sample,
+            self.token, self.n_bad,
         )
 
 
