@@ -1903,56 +1903,21 @@ GroupedLinearKernel`: automatic relevance determination per group).
 
         The model's own, unless the fit collapsed the lone features: then
         the collapsed posterior itself, on a design of the chunk's tokens
-        built for it (design.rst, "Lone features collapsed"). A token's
-        lone features of training token ``t`` reach the potentials through
-        ``sum_j v_j u_j`` (``v_j = x_j c_j``), and under ``q(g_t) p(u | g)``
-        ``u_j = a_j w_t + e_j``, ``w_t`` the collapsed (white) variable and
-        ``e = (I - a a^T) z``, ``z`` white prior weights. So the design
-        gives every collapsed variable the column ``(a . v) / sigma_t``
-        (scale ``sigma_t``, posterior ``q``) and every lone feature the
-        value ``x_j - (a . v) a_j / c_j`` (its own scale, posterior the
-        prior): exact, where the per-feature marginals (``q_mu_``,
-        ``q_sqrt_``) drop the lone weights' correlation. Each token's row
-        depends on its own features only.
+        built for it (:meth:`CollapsedFeatures.sampling_design`): the
+        per-feature marginals (``q_mu_``, ``q_sqrt_``) drop the lone
+        weights' correlation.
         """
         collapsed = getattr(self, "_collapsed", None)
         if collapsed is None:
             return params, X_c, self.inducing_, self._inducing_state
         features, q_mu_c, q_sqrt_c = collapsed
-        n, lone = features.n_original, features.lone
-        n_kept, n_collapsed = features.kept.size, features.n_collapsed
-        scales = self._inducing_state  # the original columns', then the bias'
-        sigma = features._spread(scales[:-1])
-        loadings = sp.csr_matrix(
-            (features._loadings(self.kernel_), features.token_values.indices,
-             features.token_values.indptr),
-            shape=features.token_values.shape,
-        )  # (n_collapsed, n_lone): a_j in the row of its training token
-        X = sp.csr_matrix(X_c, dtype=np.float64)
-        X_lone = X[:, lone]
-        a_dot_v = X_lone.multiply(scales[lone]).tocsr() @ loadings.T
-        shift = (a_dot_v @ loadings).multiply(1.0 / scales[lone]).tocsr()
-        to_columns = sp.csr_matrix(
-            (np.ones(lone.size), (np.arange(lone.size), lone)), shape=(lone.size, n)
+        X_s, state, q_mu, q_sqrt = features.sampling_design(
+            X_c, self._inducing_state, self.kernel_, (params.q_mu, params.q_sqrt),
+            (q_mu_c, q_sqrt_c),
         )
-        X_s = sp.hstack(
-            [X - shift @ to_columns, a_dot_v.multiply(1.0 / sigma)], format="csr"
-        )
-        lone_prior = np.zeros(n + 1, dtype=bool)
-        lone_prior[lone] = True
-        columns = np.s_[..., n_kept : n_kept + n_collapsed]
-        q_mu = np.concatenate(
-            [np.where(lone_prior, 0.0, params.q_mu)[..., :n], q_mu_c[columns],
-             params.q_mu[..., n:]], axis=-1,
-        )
-        q_sqrt = np.concatenate(
-            [np.where(lone_prior, 1.0, params.q_sqrt)[..., :n], q_sqrt_c[columns],
-             params.q_sqrt[..., n:]], axis=-1,
-        )
-        state = np.concatenate([scales[:n], sigma, scales[n:]])
         return (
             dataclasses.replace(params, q_mu=q_mu, q_sqrt=q_sqrt), X_s,
-            InducingFeatures(n + n_collapsed), state,
+            InducingFeatures(X_s.shape[1]), state,
         )
 
     def _predict_marginals_ess(self, sequences):

@@ -724,6 +724,67 @@ class CollapsedFeatures(InducingFeatures):
         d_original[self.lone] = (self._squares_t @ per_spread) * original[self.lone]
         return kernel.feature_scales_vjp(d_original)
 
+    def sampling_design(self, X, scales, kernel, expanded, collapsed):
+        """A design and posterior on which sampling is exact for this
+        collapsed posterior (design.rst, "Lone features collapsed").
+
+        A token's lone features of training token ``t`` reach the
+        potentials through ``sum_j v_j u_j`` (``v_j = x_j c_j``), and under
+        ``q(g_t) p(u | g)`` ``u_j = a_j w_t + e_j``, ``w_t`` the collapsed
+        (white) variable and ``e = (I - a a^T) z``, ``z`` white prior
+        weights. So every collapsed variable gets the column ``(a . v) /
+        sigma_t`` (scale ``sigma_t``, its posterior) and every lone feature
+        the value ``x_j - (a . v) a_j / c_j`` (its own scale, the prior).
+        Each token's row depends on its own features only.
+
+        Parameters
+        ----------
+        X : sparse matrix or ndarray of shape (n_tokens, n_original)
+        scales : ndarray of shape (n_original + 1,)
+            The original features' scales, then the bias'.
+        kernel : Kernel
+            The kernel the posterior was fitted with.
+        expanded : (q_mu, q_sqrt) of shape (K, V, n_original + 1)
+            Every original feature's marginal (:meth:`expand`).
+        collapsed : (q_mu, q_sqrt) of shape (K, V, n_inducing)
+            The collapsed posterior.
+
+        Returns
+        -------
+        X_s : CSR matrix of shape (n_tokens, n_original + n_collapsed)
+        scales_s : ndarray of shape (n_original + n_collapsed + 1,)
+        q_mu, q_sqrt : ndarray of shape (K, V, n_original + n_collapsed + 1)
+        """
+        n, lone = self.n_original, self.lone
+        n_kept, n_collapsed = self.kept.size, self.n_collapsed
+        sigma = self._spread(scales[:-1])
+        loadings = sp.csr_matrix(
+            (self._loadings(kernel), self.token_values.indices,
+             self.token_values.indptr),
+            shape=self.token_values.shape,
+        )  # (n_collapsed, n_lone): a_j in the row of its training token
+        X = sp.csr_matrix(X, dtype=np.float64)
+        X_lone = X[:, lone]
+        a_dot_v = X_lone.multiply(scales[lone]).tocsr() @ loadings.T
+        shift = (a_dot_v @ loadings).multiply(1.0 / scales[lone]).tocsr()
+        to_columns = sp.csr_matrix(
+            (np.ones(lone.size), (np.arange(lone.size), lone)), shape=(lone.size, n)
+        )
+        X_s = sp.hstack(
+            [X - shift @ to_columns, a_dot_v.multiply(1.0 / sigma)], format="csr"
+        )
+        lone_prior = np.zeros(n + 1, dtype=bool)
+        lone_prior[lone] = True
+        columns = np.s_[..., n_kept : n_kept + n_collapsed]
+        out = []
+        for marginal, fitted, prior in zip(expanded, collapsed, (0.0, 1.0),
+                                           strict=True):
+            out.append(np.concatenate(
+                [np.where(lone_prior, prior, marginal)[..., :n], fitted[columns],
+                 marginal[..., n:]], axis=-1,
+            ))
+        return X_s, np.concatenate([scales[:n], sigma, scales[n:]]), *out
+
     def _loadings(self, kernel):
         """``a_j = x_tj c_j / sigma_t`` of every lone entry (entry order)."""
         scales = kernel.feature_scales(self.n_original)

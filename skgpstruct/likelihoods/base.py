@@ -120,21 +120,21 @@ def _checked_log_prob(likelihood, value, shape):
     )
 
 
-def _checked_gradient(likelihood, what, value, shape, offsets):
+def _checked_gradient(likelihood, what, value, shape, offsets=None):
     """:func:`_checked` for a gradient, which must be finite: the unary one
     (S, n_tokens, V), whose token is located in its sequence by
-    ``offsets``, or the pairwise one (S, n_sequences, V, V)."""
+    ``offsets``, or the pairwise one (S, n_sequences, V, V), without."""
     gradient = _checked(likelihood, what, value, shape)
     # As in _finite_log_prob: the search only when the sum is not finite.
     bad = () if np.isfinite(np.sum(gradient)) else np.argwhere(~np.isfinite(gradient))
     if len(bad):
         sample, position = (int(i) for i in bad[0][:2])
         index = tuple(bad[0])
-        if what == "unary gradient":
+        if offsets is None:
+            sequence, token = position, None
+        else:
             sequence = int(np.searchsorted(offsets, position, side="right")) - 1
             token = position - int(offsets[sequence])
-        else:
-            sequence, token = position, None
         raise NonFiniteLikelihood(
             repr(likelihood), what, gradient[index], sequence, sample, token,
             n_bad=bad.shape[0],
@@ -269,9 +269,7 @@ class Likelihood(ABC):
         return (
             _checked_log_prob(self, out[0], (S, n_seq)),
             _checked_gradient(self, "unary gradient", out[1], unary.shape, offsets),
-            _checked_gradient(
-                self, "pairwise gradient", out[2], (S, n_seq, V, V), offsets
-            ),
+            _checked_gradient(self, "pairwise gradient", out[2], (S, n_seq, V, V)),
         )
 
     def decoding_pairwise(self, pairwise):
