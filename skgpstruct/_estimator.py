@@ -747,7 +747,10 @@ GroupedLinearKernel`: automatic relevance determination per group).
         posterior (same classes and features required): ``kernel``,
         ``n_inducing``, ``inducing``, ``feature_groups`` and
         ``pairwise_prior_variance`` set since are not used (the fitted
-        ``kernel_``, ``inducing_`` and ``pairwise_prior_variance_`` are). A
+        ``kernel_``, ``inducing_`` and ``pairwise_prior_variance_`` are).
+        A batch fit on the same training data with lone features collapsed
+        (``collapse_lone_features``) continues from the collapsed posterior
+        it fitted; on other data, from every feature's fitted marginal. A
         stochastic fit also continues SAGA's stored gradients when its
         mini-batches are the previous fit's (same data and
         ``random_state``), and starts them
@@ -1182,9 +1185,17 @@ GroupedLinearKernel`: automatic relevance determination per group).
                 self.pairwise_mean_, self.pairwise_std_,
             ).copy()
             if fit_inducing is not inducing:
-                params.q_mu, params.q_sqrt = fit_inducing.collapse(
-                    params.q_mu, params.q_sqrt, kernel
-                )
+                stored = getattr(self, "_collapsed", None)
+                if stored is not None and stored[0] == fit_inducing:
+                    # The same training design: continue from the fitted
+                    # collapsed posterior itself (collapsing its expanded
+                    # marginals keeps each variable's marginal, not the
+                    # posterior, and the ELBO would start lower).
+                    params.q_mu, params.q_sqrt = stored[1].copy(), stored[2].copy()
+                else:
+                    params.q_mu, params.q_sqrt = fit_inducing.collapse(
+                        params.q_mu, params.q_sqrt, kernel
+                    )
         else:
             params = self._initial_parameters(
                 len(classes), fit_inducing.n_inducing, rng

@@ -1666,6 +1666,24 @@ def test_collapsed_warm_start_continues(lone_data):
     assert second[0] > first[0]
 
 
+def test_collapsed_warm_start_resumes_the_fitted_posterior(lone_data):
+    # Refitting a converged model on the same data starts at the optimum it
+    # reached (the same random_state, the same Monte Carlo samples): the
+    # collapsed posterior itself, not one rebuilt from its expanded
+    # marginals, so one iteration finds nothing left to gain.
+    X, y, _, _ = lone_data
+    settings = {**FAST, "tol": 1e-6, "max_iter": 300}
+    model = GPStructClassifier(warm_start=True, **settings)
+    model.fit(X, y)
+    first = list(model.elbo_history_)
+    collapsed_mu = model._collapsed[1].copy()
+    model.fit(X, y)
+    assert model.n_iter_ == 1
+    resumed = model.elbo_history_[len(first)]
+    assert abs(resumed - first[-1]) <= 1e-6 * abs(first[-1])
+    np.testing.assert_allclose(model._collapsed[1], collapsed_mu, atol=1e-3)
+
+
 def test_collapsed_fit_is_the_same_for_any_n_jobs(lone_data, monkeypatch):
     X, y, _, _ = lone_data
     monkeypatch.setattr(estimator_module, "CHUNK_TOKENS", 25)

@@ -1465,6 +1465,23 @@ def test_collapsed_features_sort_the_features_by_their_training_tokens():
     np.testing.assert_array_equal(design[:, 4:], indicator)
 
 
+def test_collapsed_features_equal_only_for_the_same_lone_features():
+    # What a warm start relies on to continue a collapsed posterior as is.
+    X, dense, _ = _lone_feature_case()
+    collapsed = CollapsedFeatures.of(X)
+    assert collapsed == CollapsedFeatures.of(X)
+    assert collapsed == CollapsedFeatures.of(dense)  # the stored zero is inactive
+    rescaled = X.copy()
+    rescaled[0, 4] *= 2.0  # another value of a lone feature
+    moved = dense.copy()
+    moved[[2, 3], 7] = moved[[3, 2], 7]  # feature 7 at another token
+    for other in (rescaled, moved):
+        assert collapsed != CollapsedFeatures.of(other)
+    assert collapsed != "collapsed"
+    with pytest.raises(TypeError, match="unhashable"):
+        hash(collapsed)
+
+
 def test_collapsed_posterior_is_the_conditional_one_on_the_sums():
     # The collapsed model's potentials and KL divergence are those of the
     # posterior q(g) p(u | g) over the original weights, built explicitly;

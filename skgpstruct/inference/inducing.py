@@ -678,6 +678,27 @@ class CollapsedFeatures(InducingFeatures):
         values.sort_indices()
         return cls(n_original, kept, lone, values, tokens)
 
+    def __eq__(self, other):
+        """Whether ``other`` collapses the same tokens' same lone features
+        (built from the same training design): then a posterior fitted on
+        one is a posterior on the other."""
+        if not isinstance(other, CollapsedFeatures):
+            return NotImplemented
+        if self is other:
+            return True
+        mine, theirs = self.token_values, other.token_values
+        return (
+            self.n_original == other.n_original
+            and np.array_equal(self.kept, other.kept)
+            and np.array_equal(self.lone, other.lone)
+            and np.array_equal(self.tokens, other.tokens)
+            and np.array_equal(mine.indptr, theirs.indptr)
+            and np.array_equal(mine.indices, theirs.indices)
+            and np.array_equal(mine.data, theirs.data)
+        )
+
+    __hash__ = None  # mutable arrays: equal objects need not stay equal
+
     @property
     def n_collapsed(self):
         """Number of collapsed variables (training tokens with lone features)."""
