@@ -1036,8 +1036,9 @@ GroupedLinearKernel`: automatic relevance determination per group).
         For data that arrives in pieces: the first call starts from the prior
         (and needs ``classes``, since a piece may not show every label); later
         calls continue from the posterior, kernel and inducing variables of
-        the previous one. Always uses the SAGA optimiser (one epoch over the
-        mini-batches of this piece), whatever ``optimizer`` says.
+        the previous one. Always uses the SAGA optimiser, whatever
+        ``optimizer`` says: one epoch, a step on each mini-batch of
+        ``batch_size`` sequences of this piece once, in a random order.
 
         Parameters
         ----------
@@ -1301,7 +1302,7 @@ GroupedLinearKernel`: automatic relevance determination per group).
                 result = self._optimize_stochastic(
                     objective, layout, x0, bounds, parallel, rng, progress,
                     max_epochs=max_iter, continue_state=warm and not partial,
-                    validation_chunks=validation_chunks,
+                    validation_chunks=validation_chunks, one_pass=partial,
                 )
             elif self.gradient == "pathwise":
 
@@ -1605,11 +1606,13 @@ GroupedLinearKernel`: automatic relevance determination per group).
 
     def _optimize_stochastic(self, objective, layout, x0, bounds, parallel, rng,
                              progress, *, max_epochs, continue_state,
-                             validation_chunks=()):
+                             validation_chunks=(), one_pass=False):
         """SAGA over the mini-batches (see :mod:`skgpstruct.optim.saga`).
 
         Runs in this process (one mini-batch per step is too little work to
         send to joblib workers); ``parallel`` only serves the held-out score.
+        With ``one_pass`` (``partial_fit``) an epoch steps on every
+        mini-batch once, in a random order.
         """
         if self.gradient == "score":
             raise ValueError(
@@ -1674,7 +1677,7 @@ GroupedLinearKernel`: automatic relevance determination per group).
                     None if progress is None
                     else lambda epoch, value, seconds: progress(epoch, value, None)
                 ),
-                state=warm, validation=validation,
+                state=warm, validation=validation, shuffle=one_pass,
             )
         except SAGADiverged as exc:
             raise ValueError(

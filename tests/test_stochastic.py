@@ -271,6 +271,48 @@ def test_partial_fit_learns_from_pieces(data):
         model.partial_fit([X[0]], [np.full(len(y[0]), 7)], classes=[0, 1, 2])
 
 
+@pytest.mark.parametrize("shuffle", [False, True])
+def test_saga_epochs_draw_items_with_or_without_replacement(shuffle):
+    drawn = []
+
+    def item(i, step, x):
+        drawn.append(i)
+        return 0.0, np.zeros(1), np.zeros(1)
+
+    maximize_saga(
+        item, lambda record, x: record, lambda x: (0.0, np.zeros(1)), np.zeros(1),
+        20, step_size=0.1, max_epochs=3, tol=0.0, n_iter_no_change=5,
+        rng=np.random.default_rng(0), shuffle=shuffle,
+    )
+    epochs = np.reshape(drawn, (3, 20))
+    once_each = [sorted(epoch) == list(range(20)) for epoch in epochs]
+    # With replacement, 20 draws of 20 items all differ with probability
+    # 20! / 20**20 < 1e-7.
+    assert all(once_each) if shuffle else not any(once_each)
+    if shuffle:  # in a fresh order every epoch
+        assert not np.array_equal(epochs[0], epochs[1])
+
+
+def test_one_partial_fit_call_steps_on_every_mini_batch_once(monkeypatch):
+    X, y = make_sequences(40, random_state=6)
+    steps = []
+    run = estimator_module.maximize_saga
+
+    def spy(item, *args, **kwargs):
+        def recorded(i, step, x):
+            steps.append(i)
+            return item(i, step, x)
+
+        return run(recorded, *args, **kwargs)
+
+    monkeypatch.setattr(estimator_module, "maximize_saga", spy)
+    model = GPStructClassifier(batch_size=3, random_state=0)
+    model.partial_fit(X[:30], y[:30], classes=[0, 1, 2])
+    assert sorted(steps) == list(range(10))
+    model.partial_fit(X[30:], y[30:])
+    assert sorted(steps[10:]) == list(range(4))  # 10 sequences, batches of 3
+
+
 def test_saga_stops_after_n_epochs_without_beating_the_best():
     # Item values fall after the third epoch: the fit must stop exactly
     # n_iter_no_change epochs after the best one, not at the first dip.
@@ -672,16 +714,22 @@ def test_early_stopping_needs_sequences_left_to_fit(data):
 @pytest.mark.parametrize("fit", ["fit", "partial_fit"])
 def test_diverging_steps_name_the_learning_rate(data, fit):
     # learning_rate=100 ran the parameters into NaN, and the fit failed
-    # inside the kernel ("theta must be finite, got [nan nan]").
+    # inside the kernel ("theta must be finite, got [nan nan]"); larger
+    # rates overflowed exp(log std) and failed in the chain ("pairwise
+    # contains NaN or infinite values").
     X, y, _, _ = data
-    model = GPStructClassifier(
-        optimizer="stochastic", learning_rate=100.0, max_iter=5, random_state=0
-    )
     args = (X, y) if fit == "fit" else (X, y, [0, 1, 2])
-    with pytest.raises(ValueError, match=r"optimizer='stochastic' diverged \(the "
-                       r"stochastic gradient is not finite at step \d+ \(epoch 1\).*"
-                       r"learning_rate=100.0 is too large"):
-        getattr(model, fit)(*args)
+    cases = [(1000.0, "evaluating the objective")]
+    if fit == "fit":  # (one partial_fit epoch, each mini-batch once, survives 100)
+        cases.append((100.0, "the stochastic gradient is not finite"))
+    for rate, cause in cases:
+        model = GPStructClassifier(
+            optimizer="stochastic", learning_rate=rate, max_iter=5, random_state=0
+        )
+        with pytest.raises(ValueError, match=rf"optimizer='stochastic' diverged "
+                           rf"\({cause} at step \d+ \(epoch 1\).*"
+                           rf"learning_rate={rate} is too large"):
+            getattr(model, fit)(*args)
 
 
 def test_maximize_saga_refuses_a_non_finite_direction():

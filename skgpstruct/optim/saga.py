@@ -151,7 +151,9 @@ class SAGAResult:
 
 
 class SAGADiverged(FloatingPointError):
-    """:func:`maximize_saga`'s steps ran the objective into overflow."""
+    """:func:`maximize_saga`'s steps ran the objective into overflow: a
+    NumPy overflow or invalid operation while evaluating it, or a
+    non-finite direction."""
 
 
 def maximize_saga(
@@ -170,6 +172,7 @@ def maximize_saga(
     callback=None,
     state=None,
     validation=None,
+    shuffle=False,
 ):
     """Maximise ``sum_i f_i(x) + g(x)`` with SAGA and Adam-scaled steps.
 
@@ -191,7 +194,8 @@ def maximize_saga(
     step_size : float or ndarray of shape (n,)
         Step size per coordinate at epoch 0.
     max_epochs : int, default=50
-        One epoch is ``n_items`` steps on items drawn uniformly at random.
+        One epoch is ``n_items`` steps on items drawn uniformly at random
+        (or, with ``shuffle``, on every item once).
     tol : float, default=1e-4
         Stop after ``n_iter_no_change`` consecutive epochs whose score (the
         held-out one if given, else the mean training objective) does not
@@ -208,6 +212,11 @@ def maximize_saga(
     validation : callable or None
         ``validation(x) -> float``, a held-out score to maximise, evaluated
         after every epoch; the point of its best epoch is returned.
+    shuffle : bool, default=False
+        Visit every item once per epoch, in a random order, instead of
+        drawing the epoch's items independently (with replacement: an
+        epoch then misses about a third of them). For an epoch that must
+        see all its items, as one ``partial_fit`` call on a piece of data.
 
     Returns
     -------
@@ -259,14 +268,29 @@ def maximize_saga(
                 if record is not None:
                     _add_scaled(total, expand(record, x))
         rate = np.ascontiguousarray(step_size / np.sqrt(epoch))
-        for _ in range(n_items):
-            i = int(rng.integers(n_items))
+        if shuffle:
+            draws = rng.permutation(n_items)
+        else:
+            draws = (int(rng.integers(n_items)) for _ in range(n_items))
+        for i in draws:
+            i = int(i)
             state["t"] += 1
-            value, record, delta = item_value_and_grad(i, state["t"], x)
-            if stored[i] is not None:
-                delta = _difference(delta, expand(stored[i], x), n)
+            try:
+                # Steps too large for the objective show as an overflow
+                # (exp of a log-scale parameter) or an undefined product
+                # (inf * 0) before a non-finite direction, and would fail
+                # further in with a message that does not say why.
+                with np.errstate(over="raise", invalid="raise"):
+                    value, record, delta = item_value_and_grad(i, state["t"], x)
+                    if stored[i] is not None:
+                        delta = _difference(delta, expand(stored[i], x), n)
+                    exact_value, exact_grad = exact_value_and_grad(x)
+            except FloatingPointError as exc:
+                raise SAGADiverged(
+                    f"evaluating the objective at step {state['t']} (epoch "
+                    f"{epoch}) hit {exc}: the steps diverged"
+                ) from None
             stored[i] = record
-            exact_value, exact_grad = exact_value_and_grad(x)
             # direction = total + exact_grad + n_items * delta
             np.add(total, exact_grad, out=direction)
             _add_scaled(direction, delta, n_items)
