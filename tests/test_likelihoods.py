@@ -29,6 +29,7 @@ from skgpstruct.likelihoods import (
     PiecewisePseudoLikelihood,
     get_likelihood,
 )
+from skgpstruct.likelihoods.base import MalformedLikelihood
 
 LENGTHS = [
     [5],
@@ -730,6 +731,40 @@ def test_fit_names_the_training_sequence_of_a_non_finite_value(monkeypatch):
         GPStructClassifier(likelihood=InfiniteAtOne(), gradient="score",
                            n_samples=2, max_iter=1, n_jobs=2,
                            random_state=0).fit(X, y)
+
+
+def test_fit_names_the_training_sequence_of_a_malformed_value(monkeypatch):
+    # As for a non-finite value: a callable's output of the wrong shape named
+    # the sequence's number within its chunk.
+    import skgpstruct._estimator as estimator_module
+    from skgpstruct.datasets import make_sequences
+
+    monkeypatch.setattr(estimator_module, "CHUNK_TOKENS", 30)
+    X, y = make_sequences(n_sequences=12, length_range=(4, 6), random_state=0)
+    target = 9
+
+    def wrong_shape_at_one(unary, pairwise, labels):
+        S = unary.shape[0]
+        return np.zeros(S + 1 if np.array_equal(labels, y[target]) else S)
+
+    assert sum(np.array_equal(s, y[target]) for s in y) == 1
+    # (S + 1 values where S, or K * S with two components, were expected)
+    message = rf"shape \((3|5),\) for sequence {target}; expected real numbers"
+    for settings in ({}, {"n_components": 2, "covariance": "diag"}):
+        with pytest.raises(MalformedLikelihood, match=message):
+            GPStructClassifier(
+                likelihood=CallableLikelihood(wrong_shape_at_one), gradient="score",
+                n_samples=2, max_iter=1, random_state=0, **settings,
+            ).fit(X, y)
+    from joblib import parallel_config
+
+    with parallel_config(backend="loky"), pytest.raises(
+        MalformedLikelihood, match=message
+    ):
+        GPStructClassifier(
+            likelihood=CallableLikelihood(wrong_shape_at_one), gradient="score",
+            n_samples=2, max_iter=1, n_jobs=2, random_state=0,
+        ).fit(X, y)
 
 
 @pytest.mark.parametrize(

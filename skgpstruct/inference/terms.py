@@ -39,7 +39,7 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 
 from .. import _stacked as stacked_kernels
-from ..likelihoods.base import NonFiniteLikelihood
+from ..likelihoods.base import LikelihoodOutputError
 
 # Largest size of the base samples a chunk keeps between evaluations.
 NOISE_CACHE_BYTES = 64 * 2**20
@@ -223,15 +223,15 @@ def chunk_terms(chunk, shared, local=False):
     """
     try:
         return _chunk_terms(chunk, shared, local)
-    except NonFiniteLikelihood as exc:
-        if chunk.sequence_ids is None:
+    except LikelihoodOutputError as exc:
+        if chunk.sequence_ids is None or exc.sequence is None:
             raise
         # The likelihood saw the mixture components' samples one after the
         # other: sample k * S + s is sample s of component k.
         K, S = shared.params.q_mu.shape[0], shared.n_samples
-        sample = (
-            None if K == 1 else f"{exc.sample % S} of component {exc.sample // S}"
-        )
+        sample = getattr(exc, "sample", None)
+        if sample is not None:
+            sample = None if K == 1 else f"{sample % S} of component {sample // S}"
         raise exc.renumbered(int(chunk.sequence_ids[exc.sequence]), sample) from None
 
 

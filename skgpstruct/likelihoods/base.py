@@ -27,33 +27,69 @@ def _checked_inputs(unary, pairwise, offsets, labels):
     return unary, pairwise, offsets, labels
 
 
-def _checked(likelihood, what, value, shape, where=""):
-    """``value`` as a real array of ``shape``, or a ValueError that names the
-    likelihood (a subclass's own :meth:`Likelihood._log_prob`, or a user's
-    function, may return anything). ``likelihood`` is the likelihood or the
-    name to report; ``where`` is added to the message (e.g. the sequence)."""
+def _checked(likelihood, what, value, shape, sequence=None, where=""):
+    """``value`` as a real array of ``shape``, or a MalformedLikelihood (a
+    ValueError) that names the likelihood (a subclass's own
+    :meth:`Likelihood._log_prob`, or a user's function, may return
+    anything). ``likelihood`` is the likelihood or the name to report;
+    ``sequence``, when given, the sequence the value is for; ``where`` is
+    added to the description of the value (e.g. the method that returned
+    it)."""
     who = likelihood if isinstance(likelihood, str) else repr(likelihood)
     try:
         array = np.asarray(value)
     except (TypeError, ValueError) as exc:  # e.g. a ragged list
-        raise ValueError(
-            f"{who} returned a {what} that is not an array{where}: {exc}"
+        raise MalformedLikelihood(
+            who, f"a {what} that is not an array{where}", str(exc), sequence
         ) from None
     if array.dtype.kind not in "fiu" or array.shape != shape:
-        raise ValueError(
-            f"{who} returned a {what} of dtype {array.dtype} and shape "
-            f"{array.shape}{where}; expected real numbers of shape {shape}"
+        raise MalformedLikelihood(
+            who, f"a {what} of dtype {array.dtype} and shape {array.shape}{where}",
+            f"expected real numbers of shape {shape}", sequence,
         )
     return array
 
 
-class NonFiniteLikelihood(ValueError):
+class LikelihoodOutputError(ValueError):
+    """A likelihood returned something the engine cannot use.
+
+    ``sequence`` is the number of the sequence it concerns in the batch the
+    likelihood was called on, or None. The engine calls a likelihood on
+    batches of sequences (chunks of the training set): ``renumbered``
+    gives the same error with the sequence's number in the training set.
+    """
+
+    sequence = None
+
+    def renumbered(self, sequence, sample=None):
+        """The same error for sequence number ``sequence`` (and, where the
+        error names one, sample ``sample``, e.g. ``"3 of component 1"``)."""
+        raise NotImplementedError
+
+
+class MalformedLikelihood(LikelihoodOutputError):
+    """A likelihood returned a value that is not an array of real numbers
+    of the expected shape; the message names the likelihood, what it
+    returned (for which sequence, when it was for one) and what was
+    expected."""
+
+    def __init__(self, who, returned, expected, sequence=None):
+        self.who, self.returned, self.expected = who, returned, expected
+        self.sequence = sequence
+        where = "" if sequence is None else f" for sequence {sequence}"
+        super().__init__(f"{who} returned {returned}{where}; {expected}")
+
+    def renumbered(self, sequence, sample=None):
+        return type(self)(self.who, self.returned, self.expected, sequence)
+
+    def __reduce__(self):
+        # Raised in a worker process, it travels back pickled (loky, dask).
+        return type(self), (self.who, self.returned, self.expected, self.sequence)
+
+
+class NonFiniteLikelihood(LikelihoodOutputError):
     """A likelihood returned a value that is not finite; the message names
     the likelihood, the sequence (and token), the sample and the value.
-
-    The engine calls a likelihood on batches of sequences (chunks of the
-    training set): :meth:`renumbered` gives the same error with the
-    sequence's number in the training set.
     """
 
     def __init__(self, who, what, value, sequence, sample, token=None, n_bad=1):
@@ -81,8 +117,6 @@ class NonFiniteLikelihood(ValueError):
         )
 
     def renumbered(self, sequence, sample=None):
-        """The same error for sequence number ``sequence`` (and, when given,
-        sample ``sample``, e.g. ``"3 of component 1"``)."""
         return type(self)(
             self.who, self.what, self.value, sequence,
             self.sample if sample is None else sample, self.token, self.n_bad,

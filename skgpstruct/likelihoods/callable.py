@@ -104,7 +104,7 @@ class CallableLikelihood(Likelihood):
         name = self._name()
         value = _checked(
             name, "log-likelihood (one per sample)", value, (n_samples,),
-            where=f" for sequence {n}",
+            sequence=n,
         ).astype(np.float64, copy=False)
         return _finite_log_prob(name, value, sequence=n)
 
