@@ -819,7 +819,10 @@ GroupedLinearKernel`: automatic relevance determination per group).
         fit (inducing features only; at most 256 MB).
     validation_score_history_ : list of float
         Only after ``optimizer="stochastic"`` with ``early_stopping=True``:
-        the held-out expected log-likelihood per token after every epoch.
+        the held-out expected log-likelihood per token after every epoch. A
+        warm-started fit appends its epochs, as to ``elbo_history_``, when
+        the fit it continues held sequences out too; otherwise the list
+        covers its own epochs, the last ``n_iter_`` of ``elbo_history_``.
 
     Notes
     -----
@@ -1053,6 +1056,8 @@ GroupedLinearKernel`: automatic relevance determination per group).
         -------
         self : GPStructClassifier
         """
+        if self.inference == "ess":
+            raise ValueError("partial_fit is not available with inference='ess'")
         if self.gradient == "score":
             raise ValueError(
                 "partial_fit runs SAGA, which uses the pathwise estimator: "
@@ -1128,8 +1133,6 @@ GroupedLinearKernel`: automatic relevance determination per group).
             sequences = split_by_offsets(X_all, offsets)
         rng = self._rng()
         if self.inference == "ess":
-            if partial:
-                raise ValueError("partial_fit is not available with inference='ess'")
             with reuse_blocks():
                 self._fit_ess(
                     X, y, X_all, offsets, classes, label_index, is_sparse, rng,
@@ -1276,8 +1279,8 @@ GroupedLinearKernel`: automatic relevance determination per group).
 
         # Attributes of a previous stochastic fit must not survive this one;
         # its SAGA state only into a stochastic fit that continues it.
-        for name in ("saga_memory_bytes_", "validation_score_history_"):
-            self.__dict__.pop(name, None)
+        self.__dict__.pop("saga_memory_bytes_", None)
+        previous_scores = self.__dict__.pop("validation_score_history_", None)
         if not (optimizer == "stochastic" and warm and not partial):
             for name in ("_saga_state", "_saga_items"):
                 self.__dict__.pop(name, None)
@@ -1371,6 +1374,11 @@ GroupedLinearKernel`: automatic relevance determination per group).
             result.x, prior_variance
         )
         history = list(result.history)
+        if warm and previous_scores and hasattr(self, "validation_score_history_"):
+            # Appended as elbo_history_ is.
+            self.validation_score_history_ = (
+                previous_scores + self.validation_score_history_
+            )
         self.elbo_history_ = (
             self.elbo_history_ + history if warm else history
         )

@@ -576,6 +576,17 @@ def test_estimator_ess_refit_drops_an_earlier_fits_attributes():
     assert not hasattr(model, "_saga_state") and not hasattr(model, "_saga_items")
 
 
+def test_estimator_ess_refuses_partial_fit_before_asking_for_classes():
+    # It asked for classes first, then refused partial_fit altogether.
+    from skgpstruct import GPStructClassifier
+
+    X, y = make_sequences(10, random_state=3)
+    model = GPStructClassifier(inference="ess")
+    for classes in (None, [0, 1, 2]):
+        with pytest.raises(ValueError, match="not available with inference='ess'"):
+            model.partial_fit(X, y, classes=classes)
+
+
 def test_estimator_ess_samples_at_the_hyperparameters_the_elbo_learns():
     # learn_hyperparameters=True (the default): the prior is that of the same
     # estimator fitted variationally; False: the initial values, as GPstruct.

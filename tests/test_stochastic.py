@@ -693,6 +693,25 @@ def test_early_stopping_keeps_the_best_held_out_epoch(data):
     assert not hasattr(model, "saga_memory_bytes_")
 
 
+def test_warm_early_stopping_appends_its_scores_as_its_objectives(data):
+    X, y, _, _ = data
+    model = GPStructClassifier(
+        optimizer="stochastic", batch_size=5, max_iter=3, warm_start=True,
+        random_state=0,
+    )
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ConvergenceWarning)
+        model.fit(X, y)  # nothing held out
+        model.set_params(early_stopping=True, validation_fraction=0.2).fit(X, y)
+        assert len(model.validation_score_history_) == model.n_iter_ == 3
+        assert len(model.elbo_history_) == 6
+        first = list(model.validation_score_history_)
+        model.fit(X, y)
+    assert model.validation_score_history_[:3] == first
+    assert len(model.validation_score_history_) == 6
+    assert len(model.elbo_history_) == 9
+
+
 @pytest.mark.parametrize("fraction", [0, 1, 1.5, "0.1"])
 def test_validation_fraction_is_checked(data, fraction):
     X, y, _, _ = data
