@@ -3,16 +3,31 @@
 ``bool`` is a subclass of ``int`` in Python: a flag given where a count or a
 number is expected (``n_bins=True``) passes an ``isinstance`` check of
 ``numbers.Integral`` and means 1. These helpers refuse it.
+
+Also :func:`outside_stacklevel`, which points a warning at the caller's code.
 """
 
 import numbers
+import sys
 
 import numpy as np
 
 __all__ = [
     "check_flag", "check_groups", "check_integer", "check_n_jobs",
-    "check_random_state_seed", "is_integer", "is_real",
+    "check_random_state_seed", "is_integer", "is_real", "outside_stacklevel",
 ]
+
+
+def outside_stacklevel():
+    """The ``stacklevel`` for :func:`warnings.warn`, called from a function
+    of one of skgpstruct's modules, of the first frame outside that module:
+    the warning points at the user's line whichever of the module's public
+    functions or methods was called, however deep the warning is raised."""
+    frame = sys._getframe(1)
+    module, level = frame.f_globals.get("__name__"), 1
+    while frame is not None and frame.f_globals.get("__name__") == module:
+        frame, level = frame.f_back, level + 1
+    return level
 
 
 def is_integer(value):

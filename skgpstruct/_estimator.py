@@ -24,6 +24,7 @@ from ._checks import (
     check_random_state_seed,
     is_integer,
     is_real,
+    outside_stacklevel,
 )
 from ._linalg import single_blas_thread
 from ._sequences import (
@@ -338,12 +339,14 @@ def _warn_at_bounds(kernel):
         )
 
 
-#: A shared offset of dense features this many times their spread (squared
-#: norms) is reported under a linear kernel object (used as given).
-OFFSET_WARNING_RATIO = 10.0
-#: Under a linear kernel object, dense features whose potentials' prior
-#: variance starts below this are reported (make_sequences scaled by 0.01,
-#: 4.6e-4, gave a fit that ignored the features; by 0.03, 4.1e-3, fitted).
+#: Features whose shared offset (the mean token's squared norm) is this many
+#: times their spread around it (squared norms) are reported under a linear
+#: kernel object (used as given), and start kernel="linear" on sparse input
+#: from their spread (see _initial_kernel).
+OFFSET_RATIO = 10.0
+#: Under a linear kernel object, features whose potentials' prior variance
+#: starts below this are reported (make_sequences scaled by 0.01, 4.6e-4,
+#: gave a fit that ignored the features; by 0.03, 4.1e-3, fitted).
 SMALL_PRIOR_VARIANCE = 1e-3
 #: An RBF kernel object whose length scale is this many times below (or
 #: above) the median distance between distinct training tokens warns: with
@@ -359,41 +362,61 @@ LARGE_MEAN_SQ = 1e4
 FEATURE_MAGNITUDES = (1e-32, 1e32)
 
 
+def _offset_and_spread(X_all):
+    """``(offset, spread, column)`` of the training tokens: the mean token's
+    squared norm, the mean squared distance of the tokens from it (their
+    mean squared norm minus the offset) and the column contributing most to
+    the offset. Sparse input stays sparse (column means)."""
+    with np.errstate(over="ignore", invalid="ignore"):
+        mean = np.asarray(X_all.mean(axis=0), dtype=np.float64).ravel()
+        squares = mean * mean
+        offset = float(np.sum(squares))
+        spread = float(np.mean(_row_sq_norms(X_all))) - offset
+    column = int(np.argmax(squares)) if squares.size else 0
+    return offset, spread, column
+
+
 def _warn_linear_kernel_object(X_all, kernel):
-    """UserWarnings for dense features a linear kernel given as an object
-    (used as given) does not suit, where fits learned to ignore the features
-    and predicted one label: a shared offset (its diagonal posterior ties
-    every weight to it), or features too small for the kernel's start."""
+    """UserWarnings for features a linear kernel given as an object (used as
+    given) does not suit, where fits learned to ignore the features and
+    predicted one label: a shared offset (its diagonal posterior ties every
+    weight to it), or features too small for the kernel's start."""
     if not isinstance(kernel, LinearKernel | GroupedLinearKernel):
         return
-    with np.errstate(over="ignore", invalid="ignore"):
-        mean = X_all.mean(axis=0)
-        offset = float(mean @ mean)
-        mean_sq = float(np.mean(_row_sq_norms(X_all)))
-        spread = mean_sq - offset
-    start = float(np.max(kernel.variance)) * mean_sq
+    sparse = sp.issparse(X_all)
+    offset, spread, column = _offset_and_spread(X_all)
+    start = float(np.max(kernel.variance)) * (offset + spread)
+    kind = "sparse" if sparse else "dense"
     if np.isfinite(start) and start < SMALL_PRIOR_VARIANCE:
+        scaler = "StandardScaler(with_mean=False)" if sparse else "StandardScaler"
         warnings.warn(
-            "X's dense features are small for the linear kernel given as an "
+            f"X's {kind} features are small for the linear kernel given as an "
             "object: a token's potential starts with a prior standard "
             f"deviation of {np.sqrt(start):.3g} from them (the fit may learn "
-            "to ignore the features): standardise them (StandardScaler), "
+            f"to ignore the features): standardise them ({scaler}), "
             "start the kernel's variance higher, or pass kernel='linear', "
             "which adapts to their scale",
             UserWarning,
-            stacklevel=4,
+            stacklevel=outside_stacklevel(),
         )
-    if np.isfinite(offset) and offset > OFFSET_WARNING_RATIO * max(spread, 0.0):
+    if np.isfinite(offset) and offset > OFFSET_RATIO * max(spread, 0.0):
+        remedy = (
+            f"scale down the columns shared by most tokens (column {column} "
+            "contributes most; a constant column is not needed: the kernel has "
+            "its own bias), or pass kernel='linear', whose start allows for the "
+            "offset" if sparse else
+            "centre them (StandardScaler), or pass kernel='linear', which "
+            "centres dense features"
+        )
         warnings.warn(
-            "X's dense features share an offset (the mean token's squared "
-            f"norm, {offset:.3g}, is over {OFFSET_WARNING_RATIO:g} times their "
+            f"X's {kind} features share an offset (the mean token's squared "
+            f"norm, {offset:.3g}, is over {OFFSET_RATIO:g} times their "
             f"spread around it, {spread:.3g}). A linear kernel given as an "
             "object uses the features as given, and the diagonal posterior "
             "then ties every weight to the offset (the fit may learn to "
-            "ignore the features): centre them (StandardScaler), or pass "
-            "kernel='linear', which centres dense features",
+            f"ignore the features): {remedy}",
             UserWarning,
-            stacklevel=4,
+            stacklevel=outside_stacklevel(),
         )
 
 
@@ -438,7 +461,7 @@ def _warn_rbf_kernel_object(X_all, kernel):
             "learn to ignore the features: start the length scale near that "
             "distance, or pass kernel='rbf', which does",
             UserWarning,
-            stacklevel=4,
+            stacklevel=outside_stacklevel(),
         )
 
 
@@ -773,7 +796,10 @@ GroupedLinearKernel`: automatic relevance determination per group).
         same linear functions, the offset's prior on the mean token.
         ``"rbf"`` is the same model at any offset; centred, its distances
         keep their precision. ``kernel_``, ``inducing_points_`` and the
-        posterior are in these coordinates.
+        posterior are in these coordinates. (Sparse features sharing a
+        large offset start ``"linear"``'s variance from their spread: see
+        the user guide, "The scale and offset of the
+        features".)
     inducing_ : InducingPoints or InducingFeatures
         The inducing variables: inducing inputs among the training tokens,
         or (linear kernel, ``inducing="features"``) the feature weights.
@@ -1169,11 +1195,7 @@ GroupedLinearKernel`: automatic relevance determination per group).
             # integer labels made predict return floats).
             classes = self.classes_
         else:
-            kernel = self._initial_kernel(X_all, is_sparse)
-            if not is_sparse and feature_mean is None:
-                _warn_linear_kernel_object(X_all, kernel)
-            if not isinstance(self.kernel, str):
-                _warn_rbf_kernel_object(X_all, kernel)
+            kernel = self._checked_initial_kernel(X_all, is_sparse)
             inducing = self._make_inducing(X_all, kernel, rng)
         # The fit's own inducing variables: the lone features collapsed, or
         # the same as the model's.
@@ -1450,11 +1472,29 @@ GroupedLinearKernel`: automatic relevance determination per group).
         # An overflowing mean is left to the kernel's check of the squares.
         return mean if np.all(np.isfinite(mean)) else None
 
+    def _checked_initial_kernel(self, X_all, is_sparse):
+        """:meth:`_initial_kernel`, with UserWarnings when a kernel given as
+        an object (used as given) does not suit the features."""
+        kernel = self._initial_kernel(X_all, is_sparse)
+        if not isinstance(self.kernel, str):
+            _warn_linear_kernel_object(X_all, kernel)
+            _warn_rbf_kernel_object(X_all, kernel)
+        return kernel
+
     def _initial_kernel(self, X_all, is_sparse):
         if isinstance(self.kernel, str) and self.kernel == "linear":
             # Prior sd of a training token's potential starts at 1. (The
             # squares do not overflow: _check_feature_magnitudes.)
             mean_sq = float(np.mean(_row_sq_norms(X_all)))
+            if is_sparse:  # (dense features are centred: their offset is 0)
+                offset, spread, _ = _offset_and_spread(X_all)
+                if spread > 0.0 and offset > OFFSET_RATIO * spread:
+                    # Sparse features sharing a large offset (a column of
+                    # 100 at every token, beside indicators): from a start
+                    # on that scale the fit learned to ignore the features
+                    # and predicted one label; the start follows their
+                    # spread, the part that tells tokens apart.
+                    mean_sq = spread
             if mean_sq >= 1.0 or mean_sq == 0.0:
                 scale = 1.0 / (mean_sq + 1.0)
                 # Large features (mean_sq from LARGE_MEAN_SQ): the range
@@ -1524,7 +1564,7 @@ GroupedLinearKernel`: automatic relevance determination per group).
             kernel = learner.kernel_
             prior_variance = float(learner.pairwise_prior_variance_)
         else:
-            kernel = self._initial_kernel(X_all, is_sparse)
+            kernel = self._checked_initial_kernel(X_all, is_sparse)
             prior_variance = float(self.pairwise_prior_variance)
         self.ess_ = sample_posterior(
             X_all, offsets, label_index.astype(np.int64), kernel, len(classes),

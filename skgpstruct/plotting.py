@@ -23,12 +23,11 @@ Matplotlib is an optional dependency (the ``plot`` extra:
 drawn, so this module imports without it.
 """
 
-import sys
 import warnings
 
 import numpy as np
 
-from ._checks import check_integer
+from ._checks import check_integer, outside_stacklevel
 
 __all__ = ["ELBOTraceDisplay", "MarginalsDisplay", "ReliabilityDisplay"]
 
@@ -538,15 +537,6 @@ def _label_outcomes(labels, classes):
     return outcomes, ~outcomes.any(axis=1)
 
 
-def _outside_this_module():
-    """The ``stacklevel`` for :func:`warnings.warn`, called from a function
-    of this module, of the first frame outside it."""
-    frame, level = sys._getframe(1), 1
-    while frame is not None and frame.f_globals.get("__name__") == __name__:
-        frame, level = frame.f_back, level + 1
-    return level
-
-
 def _check_unknown_labels(labels, unknown, classes, consequence):
     """Refuse true labels none of which is a class (labels of another kind,
     such as indices beside strings); warn about some that are not (a label
@@ -564,7 +554,7 @@ def _check_unknown_labels(labels, unknown, classes, consequence):
             f"y_true has {int(unknown.sum())} token(s) with labels not in "
             f"classes ({missing[:5]}{', ...' if len(missing) > 5 else ''}): "
             f"they {consequence}",
-            UserWarning, stacklevel=_outside_this_module(),
+            UserWarning, stacklevel=outside_stacklevel(),
         )
 
 

@@ -1761,12 +1761,61 @@ def test_linear_kernel_object_warns_of_features_it_does_not_suit():
             GPStructClassifier(kernel=LinearKernel(), **params).fit(
                 [0.01 * x for x in X], y
             )
+    # Sparse features are never centred: the same warning, with a remedy
+    # for them, pointing at the caller's line (for ESS too, whose kernel
+    # object is used as given without learning; it said nothing).
+    sparse_moved = [sp.csr_matrix(x) for x in moved]
+    for extra in ({}, {"inference": "ess", "learn_hyperparameters": False,
+                       "ess_n_iter": 4, "ess_burn_in": 0, "ess_thin": 1}):
+        with pytest.warns(UserWarning, match=r"X's sparse features share an "
+                          r"offset .* scale down the columns shared by most "
+                          r"tokens \(column \d+ contributes most") as record:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", ConvergenceWarning)
+                GPStructClassifier(kernel=LinearKernel(), **params, **extra).fit(
+                    sparse_moved, y
+                )
+        assert {w.filename for w in record} == {__file__}
     for kernel, data in (
         (LinearKernel(), X), ("linear", moved), ("linear", [0.01 * x for x in X]),
-        (LinearKernel(), [0.03 * x for x in X]),
-        (LinearKernel(), [sp.csr_matrix(x) for x in moved]),
+        (LinearKernel(), [0.03 * x for x in X]), ("linear", sparse_moved),
+        (LinearKernel(), [sp.csr_matrix(x) for x in X]),
     ):
         _fit_without_user_warnings(GPStructClassifier(kernel=kernel, **params), data, y)
+
+
+def test_linear_kernel_by_name_starts_sparse_features_from_their_spread(
+    monkeypatch,
+):
+    # Sparse indicators beside a column of 100 at every token: the start
+    # 1 / (mean_sq + 1) followed the constant column, and the fit learned
+    # to ignore the features and predicted one label (training accuracy
+    # 0.346 against 0.971 for the same matrix dense, which is centred).
+    X, y = make_sequences(
+        n_sequences=20, length_range=(5, 20), sparse=True, random_state=0
+    )
+    starts = []
+    initial_kernel = GPStructClassifier._initial_kernel
+
+    def spy(self, *args):
+        starts.append(initial_kernel(self, *args).variance)
+        return initial_kernel(self, *args)
+
+    monkeypatch.setattr(GPStructClassifier, "_initial_kernel", spy)
+    with_offset = [
+        sp.hstack([x, np.full((x.shape[0], 1), 100.0)], format="csr") for x in X
+    ]
+    model = _fit_without_user_warnings(
+        GPStructClassifier(random_state=0), with_offset, y
+    )
+    assert token_accuracy(y, model.predict(with_offset)) > 0.9
+    # Indicators alone (no shared offset): the start is unchanged.
+    _fit_without_user_warnings(GPStructClassifier(max_iter=1, random_state=0), X, y)
+    stacked, plain = sp.vstack(with_offset), sp.vstack(X)
+    mean = np.asarray(stacked.mean(axis=0)).ravel()
+    spread = stacked.multiply(stacked).sum(axis=1).mean() - mean @ mean
+    mean_sq = plain.multiply(plain).sum(axis=1).mean()
+    np.testing.assert_allclose(starts, [1 / (spread + 1), 1 / (mean_sq + 1)])
 
 
 def test_rbf_kernel_object_warns_of_a_length_scale_far_from_the_data():
