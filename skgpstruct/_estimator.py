@@ -364,16 +364,57 @@ FEATURE_MAGNITUDES = (1e-32, 1e32)
 
 def _offset_and_spread(X_all):
     """``(offset, spread, column)`` of the training tokens: the mean token's
-    squared norm, the mean squared distance of the tokens from it (their
-    mean squared norm minus the offset) and the column contributing most to
-    the offset. Sparse input stays sparse (column means)."""
+    squared norm, the mean squared distance of the tokens from it and the
+    column contributing most to the offset.
+
+    The spread is summed from the deviations themselves, not as the mean
+    squared norm minus the offset, which loses it to cancellation far from
+    the origin. Sparse input stays sparse: a column's absent entries each
+    deviate by its mean.
+    """
+    n = X_all.shape[0]
     with np.errstate(over="ignore", invalid="ignore"):
         mean = np.asarray(X_all.mean(axis=0), dtype=np.float64).ravel()
         squares = mean * mean
         offset = float(np.sum(squares))
-        spread = float(np.mean(_row_sq_norms(X_all))) - offset
+        if sp.issparse(X_all):
+            X = canonical_csr(X_all)
+            stored = np.bincount(X.indices, minlength=X.shape[1])
+            deviations = X.data - mean[X.indices]
+            total = float(deviations @ deviations) + float((n - stored) @ squares)
+        else:
+            deviations = X_all - mean
+            total = float(np.einsum("ij,ij->", deviations, deviations))
     column = int(np.argmax(squares)) if squares.size else 0
-    return offset, spread, column
+    return offset, total / n, column
+
+
+#: Sparse features whose squared norms reach this many times the spread of
+#: the tokens divided by the rounding unit are refused under an RBF kernel:
+#: distances from inner products (||x||^2 + ||z||^2 - 2 x.z) then carry
+#: rounding errors above 1e-3 of the squared distances between tokens.
+#: Moved by 1e7 (make_sequences' features as CSR) a fit failed in the
+#: Cholesky factor of the inducing inputs' kernel, with advice about the
+#: hyperparameters; a column of 1.7e9 at every token fitted one label.
+RBF_ROUNDING_RATIO = 1e-3
+
+
+def _check_rbf_distances(X_all):
+    """Refuse, naming X, sparse features too far from the origin for an RBF
+    kernel's distances (dense features by name are centred)."""
+    largest = float(np.max(_row_sq_norms(X_all))) if X_all.shape[0] else 0.0
+    _, spread, column = _offset_and_spread(X_all)
+    if np.finfo(np.float64).eps * largest > RBF_ROUNDING_RATIO * spread:
+        raise ValueError(
+            "X's sparse features lie too far from the origin for an RBF "
+            f"kernel: the largest squared norm of a token, {largest:.3g}, "
+            f"makes the rounding errors of distances computed from inner "
+            f"products over {RBF_ROUNDING_RATIO:g} of the tokens' squared "
+            f"distances from their mean ({spread:.3g} on average), and the "
+            "kernel cannot tell the tokens apart: scale down or remove the "
+            f"columns shared by most tokens (column {column} contributes most), "
+            "or pass X dense (kernel='rbf' centres dense features)"
+        )
 
 
 def _warn_linear_kernel_object(X_all, kernel):
@@ -1474,7 +1515,13 @@ GroupedLinearKernel`: automatic relevance determination per group).
 
     def _checked_initial_kernel(self, X_all, is_sparse):
         """:meth:`_initial_kernel`, with UserWarnings when a kernel given as
-        an object (used as given) does not suit the features."""
+        an object (used as given) does not suit the features, after refusing
+        sparse features an RBF kernel cannot resolve."""
+        if is_sparse and (
+            isinstance(self.kernel, RBFKernel)
+            or (isinstance(self.kernel, str) and self.kernel == "rbf")
+        ):
+            _check_rbf_distances(X_all)
         kernel = self._initial_kernel(X_all, is_sparse)
         if not isinstance(self.kernel, str):
             _warn_linear_kernel_object(X_all, kernel)

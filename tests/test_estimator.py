@@ -1837,6 +1837,62 @@ def test_rbf_kernel_object_warns_of_a_length_scale_far_from_the_data():
         _fit_without_user_warnings(GPStructClassifier(kernel=kernel, **params), X, y)
 
 
+def test_rbf_refuses_sparse_features_too_far_from_the_origin():
+    # Distances from inner products lose the tokens' differences far from
+    # the origin. Moved by 1e7 (as CSR) the fit failed in a Cholesky factor
+    # with advice about the hyperparameters; a column of 1.7e9 at every
+    # token fitted one label, silently. Dense features are centred.
+    from skgpstruct.kernels import RBFKernel
+
+    X, y = make_sequences(n_sequences=10, random_state=0)
+    column = [
+        sp.hstack([sp.csr_matrix(x), np.full((len(x), 1), 1.7e9)], format="csr")
+        for x in X
+    ]
+    moved = [sp.csr_matrix(x + 1e7) for x in X]
+    params = {"max_iter": 2, "n_inducing": 10, "random_state": 0}
+    for data, culprit in ((column, N_FEATURES), (moved, r"\d+")):
+        for kernel, extra in (("rbf", {}), (RBFKernel(), {}),
+                              ("rbf", {"inference": "ess"})):
+            with pytest.raises(ValueError, match=r"X's sparse features lie too far "
+                               r"from the origin for an RBF kernel: .* \(column "
+                               rf"{culprit} contributes most\), or pass X dense"):
+                GPStructClassifier(kernel=kernel, **params, **extra).fit(data, y)
+        dense = [x.toarray() for x in data]
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", ConvergenceWarning)
+            GPStructClassifier(kernel="rbf", **params).fit(dense, y)
+    near = [
+        sp.hstack([sp.csr_matrix(x), np.full((len(x), 1), 1e4)], format="csr")
+        for x in X
+    ]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ConvergenceWarning)
+        GPStructClassifier(kernel="rbf", **params).fit(near, y)
+
+
+def test_offset_and_spread_keep_the_spread_far_from_the_origin():
+    # The spread as mean squared norm minus offset cancelled to noise.
+    from skgpstruct._estimator import _offset_and_spread
+
+    rng = np.random.default_rng(0)
+    X = rng.normal(size=(50, 4))
+    X[:, 2] = 0.0
+    X[::3, 2] = 1.0  # a column with absent entries once sparse
+    expected = np.mean(np.sum((X - X.mean(axis=0)) ** 2, axis=1))
+    for shift in (0.0, 1e9):
+        moved = X + np.array([shift, 0.0, 0.0, 0.0])
+        for data in (moved, sp.csr_matrix(moved)):
+            offset, spread, column = _offset_and_spread(data)
+            # (moved by 1e9, the features themselves are rounded to 1e-7;
+            # mean squared norm minus offset was off by about 100)
+            np.testing.assert_allclose(spread, expected, rtol=1e-6)
+            np.testing.assert_allclose(
+                offset, np.sum(moved.mean(axis=0) ** 2), rtol=1e-12
+            )
+            assert column == (0 if shift else int(np.argmax(X.mean(axis=0) ** 2)))
+
+
 def test_linear_kernel_by_name_moves_its_range_with_large_features():
     # From features of 1e5 (mean squared norm 1e10) the start 1 / (mean_sq + 1)
     # fell below the default range (1e-5, 1e5): clipped, silently, and the
