@@ -738,12 +738,16 @@ def test_diverging_steps_name_the_learning_rate(data, fit):
     # contains NaN or infinite values").
     X, y, _, _ = data
     args = (X, y) if fit == "fit" else (X, y, [0, 1, 2])
-    cases = [(1000.0, "evaluating the objective")]
+    # Full covariances failed the same way ("unary contains NaN or infinite
+    # values").
+    cases = [(1000.0, "evaluating the objective", "diag"),
+             (1000.0, "evaluating the objective", "full")]
     if fit == "fit":  # (one partial_fit epoch, each mini-batch once, survives 100)
-        cases.append((100.0, "the stochastic gradient is not finite"))
-    for rate, cause in cases:
+        cases.append((100.0, "the stochastic gradient is not finite", "diag"))
+    for rate, cause, covariance in cases:
         model = GPStructClassifier(
-            optimizer="stochastic", learning_rate=rate, max_iter=5, random_state=0
+            optimizer="stochastic", learning_rate=rate, max_iter=5, random_state=0,
+            covariance=covariance, n_inducing=20,
         )
         with pytest.raises(ValueError, match=rf"optimizer='stochastic' diverged "
                            rf"\({cause} at step \d+ \(epoch 1\).*"
