@@ -93,6 +93,13 @@ SCORE_ROUND_SIZE = 1
 # a stochastic fit, so that reading a stored gradient back does not draw
 # them again (the same numbers either way; records beyond it draw them).
 SAGA_NOISE_BYTES = 256 * 2**20
+# Most bytes the score estimator's dense per-sequence arrays may take: each
+# sequence's latent values have a (K, V, T, T) covariance, its Cholesky
+# factor and inverse (SCORE_SQUARE_ARRAYS such arrays at once). Longer
+# sequences are refused before the fit (one of 10,000 tokens raised a
+# MemoryError; 3,000 tokens took 124 s and 1.4 GB).
+SCORE_MEMORY_BYTES = 2 * 2**30
+SCORE_SQUARE_ARRAYS = 5
 # Largest number of inducing features for which full covariances are allowed.
 _MAX_FULL_FEATURES = 2000
 
@@ -529,6 +536,23 @@ def _check_potentials(unary, pairwise, offsets, X_c, kind):
 MEDIAN_DISTANCE_TOKENS = 1000
 
 
+def _check_score_size(lengths, n_components, n_classes):
+    """Refuse, naming gradient='score', a longest sequence whose dense
+    arrays would exceed SCORE_MEMORY_BYTES."""
+    longest = max(lengths)
+    needed = SCORE_SQUARE_ARRAYS * 8 * n_components * n_classes * longest**2
+    if needed > SCORE_MEMORY_BYTES:
+        raise ValueError(
+            "gradient='score' works with a dense covariance of every sequence's "
+            "latent values (n_components x n_classes x T x T doubles, and its "
+            f"factors: time in T**3): the longest sequence, {longest} tokens, "
+            f"would need about {needed / 2**30:.3g} GiB, over its limit of "
+            f"{SCORE_MEMORY_BYTES / 2**30:g} GiB. Split long sequences, or use "
+            "gradient='pathwise' (memory and time linear in T) with a "
+            "likelihood that has a gradient"
+        )
+
+
 def _median_distance(X_all):
     """Median Euclidean distance between distinct training tokens (at most
     ``MEDIAN_DISTANCE_TOKENS`` of them, evenly spaced: no random numbers
@@ -634,7 +658,11 @@ class GPStructClassifier(BaseEstimator):
     gradient : {"pathwise", "score"}, default="pathwise"
         Monte Carlo gradient estimator: reparameterisation (needs the
         likelihood's gradient) or the score-function estimator with control
-        variates (needs only ``log p(y | f)``).
+        variates (needs only ``log p(y | f)``). The score estimator works
+        with each sequence's dense covariance: memory in ``T**2`` and time
+        in ``T**3`` for a sequence of ``T`` tokens (pathwise: linear), and
+        refuses sequences whose arrays would exceed 2 GiB (above about
+        4,200 tokens with 3 labels).
     optimizer : {"lbfgs", "stochastic"}, default="lbfgs"
         ``"lbfgs"``: L-BFGS on the fixed-sample objective (batch mode).
         ``"stochastic"``: SAGA over mini-batches of ``batch_size`` sequences
@@ -1208,6 +1236,8 @@ GroupedLinearKernel`: automatic relevance determination per group).
             self.feature_mean_ = feature_mean
             return self
 
+        if self.gradient == "score":
+            _check_score_size(lengths, self.n_components, len(classes))
         warm = (self.warm_start or partial) and hasattr(self, "q_mu_")
         if warm:
             previous = {

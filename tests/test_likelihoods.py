@@ -733,6 +733,27 @@ def test_fit_names_the_training_sequence_of_a_non_finite_value(monkeypatch):
                            random_state=0).fit(X, y)
 
 
+def test_score_estimator_refuses_sequences_too_long_for_its_dense_arrays(
+    monkeypatch,
+):
+    # One sequence of 10,000 tokens raised a MemoryError (2.24 GiB for one
+    # of its (K, V, T, T) arrays); the limit is checked before the fit.
+    import skgpstruct._estimator as estimator_module
+
+    X, y = make_sequences(n_sequences=3, length_range=(40, 60), random_state=0)
+    monkeypatch.setattr(estimator_module, "SCORE_MEMORY_BYTES", 500_000)
+    longest = max(len(s) for s in y)
+    with pytest.raises(ValueError, match=rf"gradient='score' .* the longest "
+                       rf"sequence, {longest} tokens, would need about .* GiB, "
+                       r"over its limit .* use gradient='pathwise'"):
+        GPStructClassifier(gradient="score", n_components=2,
+                           covariance="diag").fit(X, y)
+    # (5 arrays of 2 x 3 x T x T doubles: 864,000 bytes at T = 60; of
+    # 1 x 3 x T x T, 432,000 bytes, within the limit.)
+    with pytest.warns(ConvergenceWarning):
+        GPStructClassifier(gradient="score", max_iter=1, n_samples=2).fit(X, y)
+
+
 def test_fit_names_the_training_sequence_of_a_malformed_value(monkeypatch):
     # As for a non-finite value: a callable's output of the wrong shape named
     # the sequence's number within its chunk.
