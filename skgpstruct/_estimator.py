@@ -114,15 +114,22 @@ _OPTIONS = {
 
 
 @contextlib.contextmanager
-def _explained_start(X_all):
-    """Say what makes the ELBO non-finite where the fit starts."""
+def _explained_start(X_all, kernel):
+    """Say what makes the ELBO non-finite where the fit starts: features or
+    a kernel too large for the potentials, which are sampled in single
+    precision."""
     try:
         yield
     except NonFiniteStart as exc:
+        with np.errstate(over="ignore", invalid="ignore"):
+            prior_sd = float(np.sqrt(np.max(kernel.diag(X_all))))
         raise ValueError(
             f"the ELBO cannot be evaluated where the fit starts ({exc}): X's "
             f"values may be too large (largest |x| = {_largest_magnitude(X_all):.3g};"
-            " scale the features down), or the kernel's values are not finite"
+            " scale the features down), or the kernel's prior too wide (a "
+            f"training token's potential has a prior standard deviation up to "
+            f"{prior_sd:.3g}; the potentials are sampled in single precision: "
+            "start or bound the kernel's variance lower)"
         ) from None
 
 
@@ -534,6 +541,24 @@ def _check_potentials(unary, pairwise, offsets, X_c, kind):
 
 #: Most training tokens the median-distance start of ``kernel="rbf"`` reads.
 MEDIAN_DISTANCE_TOKENS = 1000
+
+
+def _check_prior_scale(X_all, kernel):
+    """Refuse, naming the kernel, a prior under which a training token's
+    potential has a standard deviation beyond the largest feature magnitude
+    accepted (FEATURE_MAGNITUDES): the potentials are sampled in single
+    precision. (With a variance of 1e100 every mode failed with another
+    cause, or, with the score estimator, fitted a model that could not
+    predict.)"""
+    with np.errstate(over="ignore", invalid="ignore"):
+        prior_sd = float(np.sqrt(np.max(kernel.diag(X_all))))
+    if not prior_sd <= FEATURE_MAGNITUDES[1]:
+        raise ValueError(
+            f"the kernel's prior gives a training token's potential a standard "
+            f"deviation of {prior_sd:.3g}, beyond {FEATURE_MAGNITUDES[1]:g} (the "
+            f"potentials are sampled in single precision): give {kernel!r} a "
+            "smaller variance"
+        )
 
 
 def _check_score_size(lengths, n_components, n_classes):
@@ -1392,7 +1417,7 @@ GroupedLinearKernel`: automatic relevance determination per group).
             single_blas_thread(),
             Parallel(n_jobs=self.n_jobs, prefer="threads") as parallel,
             _released(objective),
-            _explained_start(X_all),
+            _explained_start(X_all, kernel),
         ):
             if optimizer == "stochastic":
                 result = self._optimize_stochastic(
@@ -1553,6 +1578,7 @@ GroupedLinearKernel`: automatic relevance determination per group).
         ):
             _check_rbf_distances(X_all)
         kernel = self._initial_kernel(X_all, is_sparse)
+        _check_prior_scale(X_all, kernel)
         if not isinstance(self.kernel, str):
             _warn_linear_kernel_object(X_all, kernel)
             _warn_rbf_kernel_object(X_all, kernel)
@@ -1805,6 +1831,8 @@ GroupedLinearKernel`: automatic relevance determination per group).
                 state=warm, validation=validation, shuffle=one_pass,
             )
         except SAGADiverged as exc:
+            if exc.steps_taken == 0:  # at the start: not the steps' fault
+                raise NonFiniteStart(str(exc)) from None
             raise ValueError(
                 f"optimizer='stochastic' diverged ({exc}); learning_rate="
                 f"{self.learning_rate!r} is too large for this data: lower it "

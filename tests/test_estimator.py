@@ -1871,6 +1871,21 @@ def test_rbf_refuses_sparse_features_too_far_from_the_origin():
         GPStructClassifier(kernel="rbf", **params).fit(near, y)
 
 
+@pytest.mark.parametrize(
+    "settings", [{}, {"optimizer": "stochastic"}, {"gradient": "score"}]
+)
+def test_a_prior_too_wide_for_single_precision_is_refused(settings):
+    # LinearKernel(variance=1e100) on features of magnitude 1: L-BFGS blamed
+    # X's magnitude, SAGA learning_rate=0.1 before any step, and the score
+    # estimator fitted a model that could not predict on its training data.
+    X, y = make_sequences(n_sequences=10, random_state=0)
+    kernel = LinearKernel(variance=1e100, variance_bounds=(1e-300, 1e300))
+    with pytest.raises(ValueError, match=r"the kernel's prior gives a training "
+                       r"token's potential a standard deviation of .*e\+50, "
+                       r"beyond 1e\+32 .* a smaller variance"):
+        GPStructClassifier(kernel=kernel, max_iter=2, **settings).fit(X, y)
+
+
 def test_offset_and_spread_keep_the_spread_far_from_the_origin():
     # The spread as mean squared norm minus offset cancelled to noise.
     from skgpstruct._estimator import _offset_and_spread

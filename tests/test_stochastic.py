@@ -762,12 +762,33 @@ def test_maximize_saga_refuses_a_non_finite_direction():
         grad = np.full(x.size, np.inf if step == 3 else 1.0)
         return 0.0, grad.copy(), grad
 
-    with pytest.raises(SAGADiverged, match="not finite at step 3"):
+    with pytest.raises(SAGADiverged, match="not finite at step 3") as error:
         maximize_saga(
             item, lambda record, x: record, lambda x: (0.0, np.zeros(x.size)),
             np.zeros(2), 2, step_size=0.1, max_epochs=5,
             rng=np.random.default_rng(0),
         )
+    assert error.value.steps_taken == 2
+
+
+def test_stochastic_fit_failing_at_its_start_does_not_blame_the_steps():
+    # A gradient that overflows at the first step was reported as steps
+    # diverging, "learning_rate=0.1 is too large", before any step was taken.
+    from skgpstruct.likelihoods import ChainCRF
+
+    class Huge(ChainCRF):
+        def _log_prob_and_gradient(self, unary, pairwise, offsets, labels):
+            log_p, d_unary, d_pairwise = super()._log_prob_and_gradient(
+                unary, pairwise, offsets, labels
+            )
+            return log_p, np.full_like(d_unary, 1e308), d_pairwise
+
+    X, y = make_sequences(10, random_state=0)
+    with pytest.raises(ValueError, match=r"the ELBO cannot be evaluated where the "
+                       r"fit starts \(evaluating the objective at step 1 "
+                       r"\(epoch 1\) hit overflow"):
+        GPStructClassifier(optimizer="stochastic", likelihood=Huge(),
+                           max_iter=2, random_state=0).fit(X, y)
 
 
 def test_saga_state_is_kept_only_for_a_stochastic_fit_that_continues_it():

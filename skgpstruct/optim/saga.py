@@ -151,9 +151,16 @@ class SAGAResult:
 
 
 class SAGADiverged(FloatingPointError):
-    """:func:`maximize_saga`'s steps ran the objective into overflow: a
-    NumPy overflow or invalid operation while evaluating it, or a
-    non-finite direction."""
+    """:func:`maximize_saga`'s objective overflowed: a NumPy overflow or
+    invalid operation while evaluating it, or a non-finite direction.
+
+    ``steps_taken`` counts the steps of the call before it: 0 means the
+    objective fails at the starting point itself, not that steps diverged.
+    """
+
+    def __init__(self, message, steps_taken):
+        super().__init__(message)
+        self.steps_taken = steps_taken
 
 
 def maximize_saga(
@@ -259,7 +266,7 @@ def maximize_saga(
     # Of the epochs' end points (the first epoch's replaces x0).
     average = np.array(x)
     start = time.perf_counter()
-    epoch = 0
+    epoch = taken = 0  # taken: steps of this call so far
     for epoch in range(1, max_epochs + 1):
         if epoch > 1 or any(r is not None for r in stored):
             # Re-read every stored gradient through the current map.
@@ -288,7 +295,7 @@ def maximize_saga(
             except FloatingPointError as exc:
                 raise SAGADiverged(
                     f"evaluating the objective at step {state['t']} (epoch "
-                    f"{epoch}) hit {exc}: the steps diverged"
+                    f"{epoch}) hit {exc}", taken,
                 ) from None
             stored[i] = record
             # direction = total + exact_grad + n_items * delta
@@ -298,13 +305,14 @@ def maximize_saga(
             if not np.isfinite(direction).all():
                 raise SAGADiverged(
                     f"the stochastic gradient is not finite at step {state['t']} "
-                    f"(epoch {epoch}): the steps diverged"
+                    f"(epoch {epoch})", taken,
                 )
             item_values[i], drawn[i] = value, True
             adam_ascent_step(
                 x, state["m"], state["v"], direction, rate, beta1, beta2, eps,
                 state["t"], low, high,
             )
+            taken += 1
         history.append(float(n_items * item_values[drawn].mean() + exact_value))
         if validation is None:
             average += (x - average) / min(epoch, AVERAGE_EPOCHS)
