@@ -251,11 +251,13 @@ def splits(name, data_dir):
 def _check_features_as_given(model):
     """Refuse a model fitted on centred features: a refit at its learned
     kernel (an object, used on the features as given) would not be the
-    same model. The dev splits' CRF++ features are sparse, never centred."""
+    same model. The dev splits' CRF++ features are sparse indicators none
+    of which is active at most tokens: never centred."""
     if getattr(model, "feature_mean_", None) is not None:
         raise ValueError(
-            "the model centred its dense features (feature_mean_); refits at "
-            "its learned kernel are for sparse features only"
+            "the model centred its features (feature_mean_: dense features, or "
+            "sparse columns active at most tokens); refits at its learned "
+            "kernel are for features used as given only"
         )
 
 

@@ -4,7 +4,8 @@
 number is expected (``n_bins=True``) passes an ``isinstance`` check of
 ``numbers.Integral`` and means 1. These helpers refuse it.
 
-Also :func:`outside_stacklevel`, which points a warning at the caller's code.
+Also :func:`outside_stacklevel`, which points a warning at the code that
+called skgpstruct.
 """
 
 import numbers
@@ -19,15 +20,23 @@ __all__ = [
 
 
 def outside_stacklevel():
-    """The ``stacklevel`` for :func:`warnings.warn`, called from a function
-    of one of skgpstruct's modules, of the first frame outside that module:
-    the warning points at the user's line whichever of the module's public
-    functions or methods was called, however deep the warning is raised."""
-    frame = sys._getframe(1)
-    module, level = frame.f_globals.get("__name__"), 1
-    while frame is not None and frame.f_globals.get("__name__") == module:
+    """The ``stacklevel`` for :func:`warnings.warn`, called from skgpstruct's
+    code, of the first frame outside the package: the warning points at the
+    line that called skgpstruct, whichever public function or method it
+    called and however deep the warning is raised. Called through another
+    library (scikit-learn's ``Pipeline``, ``GridSearchCV``), that is the
+    other library's line."""
+    frame, level = sys._getframe(1), 1
+    while frame is not None and _in_package(frame.f_globals.get("__name__")):
         frame, level = frame.f_back, level + 1
     return level
+
+
+def _in_package(module):
+    """Whether the module named ``module`` belongs to skgpstruct."""
+    return module is not None and (
+        module == __package__ or module.startswith(__package__ + ".")
+    )
 
 
 def is_integer(value):

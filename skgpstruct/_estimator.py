@@ -349,14 +349,13 @@ def _warn_at_bounds(kernel):
             "suit (standardise them, e.g. with StandardScaler), or the bounds "
             "may need widening (give a kernel with other bounds)",
             ConvergenceWarning,
-            stacklevel=3,
+            stacklevel=outside_stacklevel(),
         )
 
 
 #: Features whose shared offset (the mean token's squared norm) is this many
 #: times their spread around it (squared norms) are reported under a linear
-#: kernel object (used as given), and start kernel="linear" on sparse input
-#: from their spread (see _initial_kernel).
+#: kernel object (used as given).
 OFFSET_RATIO = 10.0
 #: Under a linear kernel object, features whose potentials' prior variance
 #: starts below this are reported (make_sequences scaled by 0.01, 4.6e-4,
@@ -374,6 +373,41 @@ LARGE_MEAN_SQ = 1e4
 #: The range of the largest feature magnitude a fit accepts (see
 #: _check_feature_magnitudes), inside single precision's normal range.
 FEATURE_MAGNITUDES = (1e-32, 1e32)
+
+
+#: Of sparse features, the columns active at more than this share of the
+#: training tokens are centred under the kernels that centre dense features
+#: (see GPStructClassifier._feature_mean).
+DENSE_COLUMN_SHARE = 0.5
+
+
+def _centred(X, mean):
+    """``X - mean``: dense for dense ``X``, or for sparse ``X`` when every
+    column is centred (continuing a fit on dense features); otherwise CSR,
+    the columns with a nonzero mean filled in, the others as they were."""
+    if not sp.issparse(X):
+        return X - mean
+    columns = np.flatnonzero(mean)
+    if columns.size == X.shape[1]:
+        return X.toarray() - mean
+    if columns.size == 0:
+        return X
+    X = canonical_csr(X)
+    filled = X[:, columns].toarray() - mean[columns]  # (n_tokens, n_centred)
+    kept = X.copy()
+    kept.data[np.isin(kept.indices, columns)] = 0.0
+    rows, which = np.nonzero(filled)
+    centred = kept + sp.csr_matrix(
+        (filled[rows, which], (rows, columns[which])), shape=X.shape
+    )
+    return without_stored_zeros(canonical_csr(centred))
+
+
+def _is_rbf(kernel):
+    """Whether ``kernel`` (a name or an object) is skgpstruct's RBF kernel."""
+    return isinstance(kernel, RBFKernel) or (
+        isinstance(kernel, str) and kernel == "rbf"
+    )
 
 
 def _offset_and_spread(X_all):
@@ -403,31 +437,48 @@ def _offset_and_spread(X_all):
     return offset, total / n, column
 
 
-#: Sparse features whose squared norms reach this many times the spread of
+#: Features whose median squared norm reaches this many times the spread of
 #: the tokens divided by the rounding unit are refused under an RBF kernel:
 #: distances from inner products (||x||^2 + ||z||^2 - 2 x.z) then carry
 #: rounding errors above 1e-3 of the squared distances between tokens.
-#: Moved by 1e7 (make_sequences' features as CSR) a fit failed in the
+#: Uncentred, make_sequences' features moved by 1e7 (as CSR) failed in the
 #: Cholesky factor of the inducing inputs' kernel, with advice about the
-#: hyperparameters; a column of 1.7e9 at every token fitted one label.
+#: hyperparameters, and a column of 1.7e9 at every token fitted one label;
+#: since the centring of _feature_mean, continued fits on data far from the
+#: first fit's are what is left.
 RBF_ROUNDING_RATIO = 1e-3
 
 
-def _check_rbf_distances(X_all):
-    """Refuse, naming X, sparse features too far from the origin for an RBF
-    kernel's distances (dense features by name are centred)."""
-    largest = float(np.max(_row_sq_norms(X_all))) if X_all.shape[0] else 0.0
+def _check_rbf_distances(X_all, continuing=False):
+    """Refuse, naming X, features too far from the origin for an RBF
+    kernel's distances (computed from inner products).
+
+    A first fit centres dense features and the sparse columns active at
+    most tokens (_feature_mean): only large columns active at few tokens
+    are left, which spread the tokens as much as they move them. A
+    continued fit (``continuing``) centres new data by the first fit's
+    mean, which may not suit it.
+    """
+    # The typical token's squared norm: a rare large value at a few tokens
+    # only blurs the distances to those tokens, by less than they are.
+    typical = float(np.median(_row_sq_norms(X_all)))
     _, spread, column = _offset_and_spread(X_all)
-    if np.finfo(np.float64).eps * largest > RBF_ROUNDING_RATIO * spread:
+    if np.finfo(np.float64).eps * typical > RBF_ROUNDING_RATIO * spread:
+        remedy = (
+            "the fit continued centres them by the mean of its first fit's "
+            "features (feature_mean_), far from these: refit without "
+            "warm_start, or give features near the first fit's"
+            if continuing else
+            f"scale down the large columns (column {column} contributes most "
+            "to the mean token)"
+        )
         raise ValueError(
-            "X's sparse features lie too far from the origin for an RBF "
-            f"kernel: the largest squared norm of a token, {largest:.3g}, "
-            f"makes the rounding errors of distances computed from inner "
-            f"products over {RBF_ROUNDING_RATIO:g} of the tokens' squared "
-            f"distances from their mean ({spread:.3g} on average), and the "
-            "kernel cannot tell the tokens apart: scale down or remove the "
-            f"columns shared by most tokens (column {column} contributes most), "
-            "or pass X dense (kernel='rbf' centres dense features)"
+            "X's features lie too far from the origin for an RBF kernel: the "
+            f"median squared norm of a token, {typical:.3g}, makes the "
+            "rounding errors of distances computed from inner products over "
+            f"{RBF_ROUNDING_RATIO:g} of the tokens' squared distances from "
+            f"their mean ({spread:.3g} on average), and the kernel cannot tell "
+            f"the tokens apart: {remedy}"
         )
 
 
@@ -458,8 +509,8 @@ def _warn_linear_kernel_object(X_all, kernel):
         remedy = (
             f"scale down the columns shared by most tokens (column {column} "
             "contributes most; a constant column is not needed: the kernel has "
-            "its own bias), or pass kernel='linear', whose start allows for the "
-            "offset" if sparse else
+            "its own bias), or pass kernel='linear', which centres the columns "
+            "active at most tokens" if sparse else
             "centre them (StandardScaler), or pass kernel='linear', which "
             "centres dense features"
         )
@@ -657,9 +708,11 @@ class GPStructClassifier(BaseEstimator):
         (with small features, a mean squared norm below 1, half of it on
         the features and the variance's bounds moved with its start); for
         ``"rbf"`` the length scale starts at the median distance between
-        distinct training tokens, its bounds moved with it. Under both, dense
-        features are centred on their training mean (``feature_mean_``).
-        A kernel object is used as given, on the features as given.
+        distinct training tokens, its bounds moved with it. Under both, and
+        under an :class:`~skgpstruct.kernels.RBFKernel` object, features are
+        centred on their training mean (``feature_mean_``; of sparse
+        features, the columns active at most tokens). Other kernel objects
+        are used as given, on the features as given.
     n_inducing : int, default=500
         Number of inducing inputs, chosen among distinct training tokens
         (capped at their number).
@@ -880,20 +933,21 @@ GroupedLinearKernel`: automatic relevance determination per group).
         Labels seen in ``fit``, sorted; columns of :meth:`predict_marginals`.
     n_features_in_ : int
     feature_mean_ : ndarray of shape (n_features,) or None
-        The training tokens' mean, subtracted from dense features before the
-        kernel when ``kernel`` is ``"linear"`` or ``"rbf"`` (by name); None
-        otherwise (sparse features, kernel objects: features used as
-        given). Under ``"linear"`` a shared offset in the features would
-        otherwise tie every weight to the offset, which the diagonal
-        posterior cannot express (on features moved by 10 the fit learned
-        to ignore them and predicted one label); centred, the model has the
-        same linear functions, the offset's prior on the mean token.
-        ``"rbf"`` is the same model at any offset; centred, its distances
-        keep their precision. ``kernel_``, ``inducing_points_`` and the
-        posterior are in these coordinates. (Sparse features sharing a
-        large offset start ``"linear"``'s variance from their spread: see
-        the user guide, "The scale and offset of the
-        features".)
+        The mean subtracted from the features before the kernel (at fit and
+        at prediction) when ``kernel`` is ``"linear"`` or ``"rbf"`` by name,
+        or an :class:`~skgpstruct.kernels.RBFKernel` object: the training
+        tokens' mean of dense features; of sparse features, of the columns
+        active at more than half of the training tokens (0 for the other
+        columns; None when there is no such column). None under other
+        kernel objects (features used as given). Under ``"linear"`` a
+        shared offset in the features would otherwise tie every weight to
+        the offset, which the diagonal posterior cannot express (on
+        features moved by 10, or beside a sparse column of 100 at every
+        token, the fit learned to ignore them and predicted one label);
+        centred, the model has the same linear functions, the offset's
+        prior on the mean token. An RBF kernel is the same model at any
+        offset; centred, its distances keep their precision. ``kernel_``,
+        ``inducing_points_`` and the posterior are in these coordinates.
     inducing_ : InducingPoints or InducingFeatures
         The inducing variables: inducing inputs among the training tokens,
         or (linear kernel, ``inducing="features"``) the feature weights.
@@ -1247,10 +1301,12 @@ GroupedLinearKernel`: automatic relevance determination per group).
         self._groups = self._check_feature_groups(X, n_features)
         feature_mean = self._feature_mean(X_all, is_sparse, partial)
         if feature_mean is not None:
-            if is_sparse:  # continuing a fit on centred dense features
-                X_all, is_sparse = X_all.toarray(), False
-            X_all = X_all - feature_mean
+            X_all = _centred(X_all, feature_mean)
+            is_sparse = sp.issparse(X_all)
             sequences = split_by_offsets(X_all, offsets)
+        continuing = (self.warm_start or partial) and hasattr(self, "q_mu_")
+        if _is_rbf(self.kernel_ if continuing else self.kernel):
+            _check_rbf_distances(X_all, continuing)
         rng = self._rng()
         if self.inference == "ess":
             with reuse_blocks():
@@ -1464,7 +1520,7 @@ GroupedLinearKernel`: automatic relevance determination per group).
                 f"{'epochs' if optimizer == 'stochastic' else 'iterations'} "
                 f"({result.message}); increase max_iter or tol",
                 ConvergenceWarning,
-                stacklevel=2,
+                stacklevel=outside_stacklevel(),
             )
 
         params, theta = layout.unpack(result.x)
@@ -1545,38 +1601,45 @@ GroupedLinearKernel`: automatic relevance determination per group).
         """The training mean subtracted from the features before the kernel,
         or None (features as given).
 
-        Dense features under the kernels by name are centred. Under
-        ``"linear"`` an offset shared by the features (positive
-        measurements, ``x + 10``) correlates every weight with the offset,
+        Under the kernels by name and an :class:`RBFKernel` object, dense
+        features are centred, and of sparse features the columns active at
+        more than half of the training tokens (``DENSE_COLUMN_SHARE``; the
+        other columns' entries are zero). Under ``"linear"`` an offset
+        shared by the features (positive measurements, ``x + 10``, a column
+        of 100 at every token) correlates every weight with the offset,
         which the diagonal posterior cannot express, and the fit learned to
         ignore the features (one label predicted); centred, the same linear
-        functions with the offset's prior on the mean token. ``"rbf"`` is
-        the same model at any offset, and its distances (from inner
-        products) keep their precision. A continued fit (``warm_start``,
-        ``partial_fit``) keeps the coordinates of the fit it continues.
+        functions with the offset's prior on the mean token. An RBF kernel
+        is the same model at any offset, and its distances (from inner
+        products) keep their precision. Centring a sparse column active at
+        most tokens fills in fewer entries than it has; a column active at
+        at most half of them adds no more to the offset than to the spread.
+        A continued fit (``warm_start``, ``partial_fit``) keeps the
+        coordinates of the fit it continues.
         """
         if (self.warm_start or partial) and hasattr(self, "q_mu_"):
             mean = getattr(self, "feature_mean_", None)
             # Other features are refused with the other changes below.
             return mean if mean is not None and mean.size == X_all.shape[1] else None
-        if is_sparse or not (
-            isinstance(self.kernel, str) and self.kernel in ("linear", "rbf")
+        if not (
+            isinstance(self.kernel, RBFKernel)
+            or (isinstance(self.kernel, str) and self.kernel in ("linear", "rbf"))
         ):
             return None
         with np.errstate(over="ignore", invalid="ignore"):
-            mean = X_all.mean(axis=0)
+            mean = np.asarray(X_all.mean(axis=0), dtype=np.float64).ravel()
+        if is_sparse:
+            active = np.bincount(canonical_csr(X_all).indices, minlength=mean.size)
+            mean[active <= DENSE_COLUMN_SHARE * X_all.shape[0]] = 0.0
+            if not mean.any():
+                return None
         # An overflowing mean is left to the kernel's check of the squares.
         return mean if np.all(np.isfinite(mean)) else None
 
     def _checked_initial_kernel(self, X_all, is_sparse):
-        """:meth:`_initial_kernel`, with UserWarnings when a kernel given as
-        an object (used as given) does not suit the features, after refusing
-        sparse features an RBF kernel cannot resolve."""
-        if is_sparse and (
-            isinstance(self.kernel, RBFKernel)
-            or (isinstance(self.kernel, str) and self.kernel == "rbf")
-        ):
-            _check_rbf_distances(X_all)
+        """:meth:`_initial_kernel`, refusing a prior too wide for single
+        precision, with UserWarnings when a kernel given as an object (used
+        as given) does not suit the features."""
         kernel = self._initial_kernel(X_all, is_sparse)
         _check_prior_scale(X_all, kernel)
         if not isinstance(self.kernel, str):
@@ -1589,15 +1652,6 @@ GroupedLinearKernel`: automatic relevance determination per group).
             # Prior sd of a training token's potential starts at 1. (The
             # squares do not overflow: _check_feature_magnitudes.)
             mean_sq = float(np.mean(_row_sq_norms(X_all)))
-            if is_sparse:  # (dense features are centred: their offset is 0)
-                offset, spread, _ = _offset_and_spread(X_all)
-                if spread > 0.0 and offset > OFFSET_RATIO * spread:
-                    # Sparse features sharing a large offset (a column of
-                    # 100 at every token, beside indicators): from a start
-                    # on that scale the fit learned to ignore the features
-                    # and predicted one label; the start follows their
-                    # spread, the part that tells tokens apart.
-                    mean_sq = spread
             if mean_sq >= 1.0 or mean_sq == 0.0:
                 scale = 1.0 / (mean_sq + 1.0)
                 # Large features (mean_sq from LARGE_MEAN_SQ): the range
@@ -1893,9 +1947,7 @@ GroupedLinearKernel`: automatic relevance determination per group).
         # Models saved before feature_mean_ existed used features as given.
         mean = getattr(self, "feature_mean_", None)
         if mean is not None:
-            sequences = [
-                (s.toarray() if sp.issparse(s) else s) - mean for s in sequences
-            ]
+            sequences = [_centred(s, mean) for s in sequences]
         return sequences
 
     def _params(self):

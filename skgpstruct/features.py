@@ -26,7 +26,7 @@ from sklearn.feature_extraction import DictVectorizer
 from sklearn.utils._param_validation import HasMethods, Interval
 from sklearn.utils.validation import check_is_fitted
 
-from ._checks import check_groups, check_integer
+from ._checks import check_groups, check_integer, outside_stacklevel
 from ._sequences import offsets_from_lengths, refuse_no_sequences, split_by_offsets
 from .io import _text_lines
 
@@ -474,7 +474,7 @@ class CRFppTemplateVectorizer(
                 "potentials are one matrix for the whole sequence), so they act "
                 "as a bare 'B'",
                 UserWarning,
-                stacklevel=3,
+                stacklevel=outside_stacklevel(),
             )
         counts = Counter()
         source_line = {}

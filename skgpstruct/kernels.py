@@ -236,7 +236,7 @@ def _check_bounds(bounds, name, n_elements):
         # One pair for every element (the common case, checked as floats:
         # this runs whenever a fit reads the hyperparameters).
         low, high = float(arr[0]), float(arr[1])
-        valid = math.isfinite(low) and math.isfinite(high) and 0 < low <= high
+        valid = math.isfinite(low) and math.isfinite(high) and 0 < low < high
         arr = np.empty((n_elements, 2))
         arr[:] = (low, high)
     elif arr is None or arr.shape != (n_elements, 2):
@@ -249,12 +249,13 @@ def _check_bounds(bounds, name, n_elements):
     else:
         valid = (
             np.all(np.isfinite(arr)) and np.all(arr[:, 0] > 0) and
-            np.all(arr[:, 0] <= arr[:, 1])
+            np.all(arr[:, 0] < arr[:, 1])
         )
     if not valid:
         raise ValueError(
-            f"{name}_bounds must satisfy 0 < low <= high with finite values "
-            f"(they are used in log space), got {bounds!r}"
+            f"{name}_bounds must satisfy 0 < low < high with finite values "
+            f"(they are used in log space; 'fixed' holds {name} at its value), "
+            f"got {bounds!r}"
         )
     return arr
 

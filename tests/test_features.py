@@ -143,8 +143,15 @@ def test_bigram_macros_warn_and_their_columns_are_checked():
     # A B line with macros asks CRF++ for transitions conditioned on the
     # tokens; they were accepted in silence and never read.
     X = [[["a", "p"], ["b", "q"]]]
-    with pytest.warns(UserWarning, match=r"B lines \['B01:%x\[0,1\]'\] have macros"):
+    with pytest.warns(
+        UserWarning, match=r"B lines \['B01:%x\[0,1\]'\] have macros"
+    ) as record:
         vec = CRFppTemplateVectorizer("U00:%x[0,0]\nB01:%x[0,1]").fit(X)
+    assert {w.filename for w in record} == {__file__}  # the caller's line
+    # (through fit_transform too)
+    with pytest.warns(UserWarning, match="have macros") as record:
+        CRFppTemplateVectorizer("U00:%x[0,0]\nB01:%x[0,1]").fit_transform(X)
+    assert {w.filename for w in record} == {__file__}
     assert vec.uses_transitions_
     with warnings.catch_warnings():
         warnings.simplefilter("error")

@@ -655,8 +655,13 @@ def test_check_kernel():
         check_kernel(LinearKernel(bias=0.0), sparse=False)
     with pytest.raises(ValueError, match="bias_bounds must be 'fixed' or a pair"):
         check_kernel(LinearKernel(bias_bounds="free"), sparse=False)
-    with pytest.raises(ValueError, match="0 < low <= high"):
+    with pytest.raises(ValueError, match="0 < low < high"):
         check_kernel(RBFKernel(length_scale_bounds=(0.0, 1.0)), sparse=False)
+    # Equal bounds failed inside the optimiser ("bounds must have low < high
+    # on every coordinate"); "fixed" is the way to hold a hyperparameter.
+    with pytest.raises(ValueError, match=r"variance_bounds must satisfy 0 < low "
+                       r"< high .* 'fixed' holds variance at its value"):
+        check_kernel(LinearKernel(variance_bounds=(1.0, 1.0)), sparse=False)
     with pytest.raises(ValueError, match=r"array of shape \(2, 2\)"):
         check_kernel(
             RBFKernel(length_scale=[1.0, 2.0], length_scale_bounds=[1, 2, 3]),
@@ -666,7 +671,7 @@ def test_check_kernel():
 
 @pytest.mark.parametrize(
     "bounds",
-    [(1.0, 0.5), (0.0, 1.0), (-1.0, 1.0), (1e-5, np.inf), (np.nan, 1.0),
+    [(1.0, 0.5), (1.0, 1.0), (0.0, 1.0), (-1.0, 1.0), (1e-5, np.inf), (np.nan, 1.0),
      np.array([[1e-5, 1e5], [2.0, 1.0]]), np.array([[1e-5, 1e5], [1e-5, np.nan]])],
 )
 def test_bounds_outside_zero_low_high_are_refused(bounds):

@@ -78,6 +78,20 @@ def test_smooth_box_round_trip_and_range():
     np.testing.assert_allclose(x[:3], [-2.0, 0.5, -1.0])
 
 
+@pytest.mark.parametrize("width", [1e-6, 1e-9, 1e-12])
+def test_smooth_box_maps_points_into_a_narrow_box(width):
+    # Narrower than twice the margin of from_box, every point was clipped
+    # outside the box and mapped to NaN (a fit with variance_bounds of
+    # (1, 1 + 1e-9) failed: "theta must be finite, got [nan 0.]").
+    box = SmoothBox(*bound_arrays([(0.0, width), (5.0, 5.0 + width)], 2))
+    for x in ([0.0, 5.0], [width, 5.0 + width], [0.5 * width, 5.0 + 0.5 * width],
+              [-1.0, 10.0]):
+        z = box.from_box(np.array(x))
+        assert np.all(np.isfinite(z))
+        inside = box.to_box(z)
+        assert 0.0 <= inside[0] <= width and 5.0 <= inside[1] <= 5.0 + width
+
+
 def test_smooth_box_is_the_identity_well_inside():
     box = SmoothBox(*bound_arrays([(-50.0, 50.0), (-30.0, None)], 2))
     z = np.array([1.5, -5.0])

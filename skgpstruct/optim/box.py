@@ -91,8 +91,12 @@ class SmoothBox:
         """Inverse of :meth:`to_box`; ``x`` is first moved strictly inside."""
         z = np.array(x, dtype=np.float64)
         xb = z[self.index]
-        # A margin keeps the logarithms finite for a point on a bound.
-        margin = 1e-8 * np.maximum(1.0, np.abs(xb))
+        # A margin keeps the logarithms finite for a point on a bound (at
+        # most a quarter of the box: a narrower box than twice the margin
+        # clipped every point outside it, and the logarithms were NaN).
+        margin = np.minimum(
+            1e-8 * np.maximum(1.0, np.abs(xb)), 0.25 * (self._high - self._low)
+        )
         xb = np.clip(xb, self._low + margin, self._high - margin)
         with np.errstate(divide="ignore"):
             z[self.index] = (
