@@ -295,11 +295,36 @@ def _sequence_fingerprint(X_n):
         indices = np.nonzero(nonzero)[1]  # row-major: sorted within rows
         indptr = np.concatenate([[0], np.cumsum(nonzero.sum(axis=1))])
         data = X_n[nonzero]
+    return _csr_fingerprint(indptr, indices, data, X_n.shape)
+
+
+def _csr_fingerprint(indptr, indices, data, shape):
+    """:func:`_sequence_fingerprint` of the canonical CSR arrays given."""
     digest = hashlib.blake2b(digest_size=8)
     for part, dtype in ((indptr, np.int64), (indices, np.int64), (data, np.float64)):
         digest.update(np.ascontiguousarray(part, dtype=dtype).tobytes())
-    digest.update(str(X_n.shape).encode())
+    digest.update(str(shape).encode())
     return int.from_bytes(digest.digest(), "little")
+
+
+def _chunk_fingerprints(X_c, offsets):
+    """:func:`_sequence_fingerprint` of every sequence of a stacked chunk
+    (canonical CSR without stored zeros, or dense), from slices of its
+    arrays: no matrix per sequence."""
+    if not sp.issparse(X_c):
+        return [
+            _sequence_fingerprint(X_c[t0:t1])
+            for t0, t1 in zip(offsets[:-1], offsets[1:], strict=True)
+        ]
+    indptr, indices, data = X_c.indptr, X_c.indices, X_c.data
+    out = []
+    for t0, t1 in zip(offsets[:-1], offsets[1:], strict=True):
+        a, b = indptr[t0], indptr[t1]
+        out.append(_csr_fingerprint(
+            indptr[t0 : t1 + 1] - a, indices[a:b], data[a:b],
+            (int(t1 - t0), int(X_c.shape[1])),  # as a shape prints: no np.int64
+        ))
+    return out
 
 
 def _largest_magnitude(X):
@@ -1941,13 +1966,15 @@ GroupedLinearKernel`: automatic relevance determination per group).
     def _check_predict_input(self, X):
         check_is_fitted(self, "classes_")
         self._check_prediction_params()
-        sequences, _ = check_sequence_features(
+        sequences, is_sparse = check_sequence_features(
             X, n_features=self.n_features_in_, allow_empty=True
         )
         # Models saved before feature_mean_ existed used features as given.
+        # Sparse sequences are centred by chunk (_chunks): one by one, many
+        # short ones took seconds.
         mean = getattr(self, "feature_mean_", None)
-        if mean is not None:
-            sequences = [_centred(s, mean) for s in sequences]
+        if mean is not None and not is_sparse:
+            sequences = [s - mean for s in sequences]
         return sequences
 
     def _params(self):
@@ -1957,7 +1984,8 @@ GroupedLinearKernel`: automatic relevance determination per group).
         )
 
     def _chunks(self, sequences):
-        """(stacked X, offsets) of consecutive runs of the given sequences."""
+        """(stacked X, offsets) of consecutive runs of the given sequences,
+        sparse ones centred here (``feature_mean_``)."""
         lengths = [s.shape[0] for s in sequences]
         for sl in chunk_slices(lengths, CHUNK_TOKENS):
             part = sequences[sl]
@@ -1965,6 +1993,9 @@ GroupedLinearKernel`: automatic relevance determination per group).
                 yield sl, None, offsets_from_lengths([0] * len(part))
                 continue
             X_c, offsets = stack_sequences(part)
+            mean = getattr(self, "feature_mean_", None)
+            if mean is not None and sp.issparse(X_c):
+                X_c = _centred(X_c, mean)
             yield sl, X_c, offsets
 
     def predict_marginals(self, X):
@@ -2026,8 +2057,8 @@ GroupedLinearKernel`: automatic relevance determination per group).
         if X_c is None:  # only zero-length sequences
             return [np.zeros((0, V)) for _ in sequences]
         rngs = [
-            np.random.default_rng([self._predict_seed, _sequence_fingerprint(x)])
-            for x in sequences
+            np.random.default_rng([self._predict_seed, fingerprint])
+            for fingerprint in _chunk_fingerprints(X_c, offsets)
         ]
         S = len(pairwise)
         marg = np.zeros((X_c.shape[0], V))

@@ -1026,15 +1026,33 @@ def test_predict_marginals_do_not_depend_on_the_rest_of_the_batch(
         np.testing.assert_allclose(b, a, rtol=0, atol=1e-12)
 
 
+def test_chunk_fingerprints_are_the_sequences_fingerprints():
+    # Taken from slices of the stacked chunk (no matrix per sequence: many
+    # short sequences took seconds), the same numbers as sequence by sequence.
+    from skgpstruct._estimator import _chunk_fingerprints, _sequence_fingerprint
+
+    X, _ = make_sequences(n_sequences=6, length_range=(1, 4), random_state=0)
+    X.insert(2, np.zeros((0, X[0].shape[1])))
+    for pieces in (X, [sp.csr_matrix(x) for x in X]):
+        X_c, offsets = stack_sequences(pieces)
+        assert _chunk_fingerprints(X_c, offsets) == [
+            _sequence_fingerprint(x) for x in pieces
+        ]
+
+
 @pytest.mark.parametrize("train_sparse", [False, True], ids=["dense fit", "CSR fit"])
 def test_predict_marginals_do_not_depend_on_the_storage_of_the_features(train_sparse):
     # The draws of a sequence are seeded by its values: a CSR-trained model
     # gave marginals 0.18 apart for the same values passed dense (the seed
     # hashed the dense bytes or the CSR arrays).
+    # (make_sequences' sparse features have columns active at most tokens:
+    # the CSR fit centres them, sparse input by chunk, dense input sequence by
+    # sequence.)
     X, y, X_test, _ = split(sparse=train_sparse)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", ConvergenceWarning)
         model = GPStructClassifier(**{**FAST, "max_iter": 5}).fit(X, y)
+    assert model.feature_mean_ is not None
     dense = [x.toarray() if sp.issparse(x) else np.asarray(x) for x in X_test[:4]]
     with_zero = sp.csr_matrix(dense[0])
     row, column = with_zero.nonzero()[0][0], with_zero.nonzero()[1][0]
