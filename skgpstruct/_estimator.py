@@ -420,7 +420,9 @@ def _centred(X, mean):
     X = canonical_csr(X)
     filled = X[:, columns].toarray() - mean[columns]  # (n_tokens, n_centred)
     kept = X.copy()
-    kept.data[np.isin(kept.indices, columns)] = 0.0
+    is_centred = np.zeros(X.shape[1], dtype=bool)
+    is_centred[columns] = True
+    kept.data[is_centred[kept.indices]] = 0.0
     rows, which = np.nonzero(filled)
     centred = kept + sp.csr_matrix(
         (filled[rows, which], (rows, columns[which])), shape=X.shape
@@ -490,9 +492,10 @@ def _check_rbf_distances(X_all, continuing=False):
     _, spread, column = _offset_and_spread(X_all)
     if np.finfo(np.float64).eps * typical > RBF_ROUNDING_RATIO * spread:
         remedy = (
-            "the fit continued centres them by the mean of its first fit's "
-            "features (feature_mean_), far from these: refit without "
-            "warm_start, or give features near the first fit's"
+            "a continued fit (warm_start, partial_fit) keeps the coordinates "
+            "of the fit it continues (centred by its feature_mean_, or as "
+            "given when that is None), and these features lie far from that "
+            "fit's: give features near its own, or fit a new model on them"
             if continuing else
             f"scale down the large columns (column {column} contributes most "
             "to the mean token)"
@@ -1238,9 +1241,12 @@ GroupedLinearKernel`: automatic relevance determination per group).
         For data that arrives in pieces: the first call starts from the prior
         (and needs ``classes``, since a piece may not show every label); later
         calls continue from the posterior, kernel and inducing variables of
-        the previous one. Always uses the SAGA optimiser, whatever
-        ``optimizer`` says: one epoch, a step on each mini-batch of
-        ``batch_size`` sequences of this piece once, in a random order.
+        the previous one, and centre their pieces as the first call did
+        (``feature_mean_``: the first piece decides which columns of sparse
+        features are centred, those active at most of its tokens). Always
+        uses the SAGA optimiser, whatever ``optimizer`` says: one epoch, a
+        step on each mini-batch of ``batch_size`` sequences of this piece
+        once, in a random order.
 
         Parameters
         ----------

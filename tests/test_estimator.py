@@ -1895,6 +1895,26 @@ def test_rbf_kernel_object_warns_of_a_length_scale_far_from_the_data():
         _fit_without_user_warnings(GPStructClassifier(kernel=kernel, **params), X, y)
 
 
+def test_centred_sparse_columns_are_the_dense_difference():
+    from skgpstruct._estimator import _centred
+
+    rng = np.random.default_rng(0)
+    for _ in range(50):
+        n, d = rng.integers(1, 20), rng.integers(2, 10)
+        X = sp.random(n, d, density=rng.uniform(0.1, 0.9), format="csr",
+                      random_state=rng)
+        mean = np.where(rng.random(d) < 0.5, rng.normal(size=d), 0.0)
+        mean[0] = X[0, 0] or mean[0]  # a column whose mean is one of its values
+        centred = _centred(X, mean)
+        expected = X.toarray() - mean
+        if mean.all():  # every column: dense
+            np.testing.assert_array_equal(centred, expected)
+        else:
+            assert sp.issparse(centred) and centred.has_canonical_format
+            assert centred.data.all()  # no stored zeros
+            np.testing.assert_array_equal(centred.toarray(), expected)
+
+
 def test_rbf_centres_sparse_features_far_from_the_origin():
     # Uncentred, distances from inner products lose the tokens' differences
     # far from the origin: moved by 1e7 (as CSR) the fit failed in a
@@ -1928,7 +1948,8 @@ def test_rbf_refuses_a_continued_fit_far_from_the_first():
     X, y = make_sequences(n_sequences=20, random_state=0)
     far = [x + 1e7 for x in X]
     message = (r"X's features lie too far from the origin for an RBF kernel: .* "
-               r"refit without warm_start")
+               r"these features lie far from that fit's: give features near "
+               r"its own, or fit a new model on them")
     model = GPStructClassifier(kernel="rbf", n_inducing=10, random_state=0)
     model.partial_fit(X[:10], y[:10], classes=[0, 1, 2])
     with pytest.raises(ValueError, match=message):
