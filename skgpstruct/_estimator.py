@@ -546,9 +546,10 @@ def _warn_linear_kernel_object(X_all, kernel):
             f"X's {kind} features share an offset (the mean token's squared "
             f"norm, {offset:.3g}, is over {OFFSET_RATIO:g} times their "
             f"spread around it, {spread:.3g}). A linear kernel given as an "
-            "object uses the features as given, and the diagonal posterior "
-            "then ties every weight to the offset (the fit may learn to "
-            f"ignore the features): {remedy}",
+            "object uses the features as given: the offset then correlates "
+            "every weight with it, which a diagonal posterior cannot express "
+            "(and inference='ess' fits lose accuracy too), and the fit may "
+            f"learn to ignore the features: {remedy}",
             UserWarning,
             stacklevel=outside_stacklevel(),
         )
@@ -792,7 +793,8 @@ class GPStructClassifier(BaseEstimator):
         Maximum number of L-BFGS iterations (epochs with
         ``optimizer="stochastic"``).
     batch_size : int, default=10
-        Sequences per mini-batch (``optimizer="stochastic"``).
+        Sequences per mini-batch (``optimizer="stochastic"`` and
+        ``partial_fit``).
     learning_rate : float, default=0.1
         Initial step size of the stochastic optimiser. On the dev splits
         (before 757c9b3, when basenp's and chunking's overlapped section 2's
@@ -872,10 +874,11 @@ CollapsedFeatures`). The posterior family is richer than the mean-field
         feature has its marginal posterior, so ``q_mu_`` and ``q_sqrt_``
         keep one entry per feature, and ``predict_marginals`` samples the
         collapsed posterior itself (see :doc:`/design`, "Lone features
-        collapsed"). Not applied by ``partial_fit``, nor by
-        stochastic fits with ``warm_start=True``: SAGA's state, which the
-        next call continues, is kept per feature. False keeps one variable
-        per feature and label.
+        collapsed"). Not applied by ``partial_fit`` (a collapsed variable
+        belongs to one training token, and the next piece has other
+        tokens), nor by stochastic fits with ``warm_start=True`` (SAGA's
+        state, which the next such fit continues, is kept per feature).
+        False keeps one variable per feature and label.
     n_predict_samples : int, default=32
         Posterior samples averaged by :meth:`predict_marginals`.
     pairwise_uncertainty : bool, default=False
@@ -1226,6 +1229,12 @@ GroupedLinearKernel`: automatic relevance determination per group).
             different widths, or with no feature; no token at all; labels of
             several types (strings and numbers: NumPy would turn the numbers
             into strings) or of types that cannot be ordered; NaN labels.
+            Also, naming the cause: a kernel whose prior gives a training
+            token's potential a standard deviation beyond 1e32; under an RBF
+            kernel, features too far from the origin for its distances
+            (after centring; a continued fit's data far from its first
+            fit's); with ``gradient="score"``, a sequence whose dense
+            arrays would exceed 2 GiB.
 
         Notes
         -----
@@ -1782,8 +1791,9 @@ GroupedLinearKernel`: automatic relevance determination per group).
             self.collapse_lone_features
             and type(inducing) is InducingFeatures
             and self.covariance == "diag"
-            # SAGA's state, continued by the next partial_fit or warm
-            # stochastic fit, is kept per feature.
+            # A collapsed variable belongs to one training token: the next
+            # partial_fit piece has other tokens. SAGA's state, which the
+            # next warm stochastic fit continues, is kept per feature.
             and not partial
             and not (self.warm_start and optimizer == "stochastic")
         )
