@@ -572,10 +572,12 @@ class CRFppTemplateVectorizer(
 def _token_dict(token, name):
     """A token's features as one flat dict, from the formats python-crfsuite
     (hence sklearn-crfsuite) takes: a dict, whose nested dicts give
-    ``"outer:inner"`` names, or a list of feature-name strings (each with
-    value 1.0)."""
+    ``"outer:inner"`` names, or a list (or set) of feature-name strings
+    (each with value 1.0). NumPy scalar values become Python ones (a NumPy
+    bool, from ``np.char.isupper`` or pandas, was refused by the
+    DictVectorizer, or left out of its vocabulary)."""
     if isinstance(token, Mapping):
-        if not any(isinstance(v, Mapping) for v in token.values()):
+        if not any(isinstance(v, Mapping | np.generic) for v in token.values()):
             return token
         flat = {}
         for key, value in token.items():
@@ -583,13 +585,18 @@ def _token_dict(token, name):
                 for inner, inner_value in _token_dict(value, name).items():
                     flat[f"{key}:{inner}"] = inner_value
             else:
-                flat[key] = value
+                flat[key] = value.item() if isinstance(value, np.generic) else value
         return flat
-    if isinstance(token, list | tuple) and all(isinstance(f, str) for f in token):
-        return dict.fromkeys(token, 1.0)
+    if isinstance(token, list | tuple | set | frozenset) and all(
+        isinstance(f, str) for f in token
+    ):
+        # (a set's order is arbitrary: sorted, so that the features' order
+        # does not depend on the hash seed)
+        names = sorted(token) if isinstance(token, set | frozenset) else token
+        return dict.fromkeys(names, 1.0)
     raise ValueError(
         f"{name} must be a dict of token features (name -> value, nested "
-        "dicts allowed) or a list of feature-name strings, got "
+        "dicts allowed) or a list or set of feature-name strings, got "
         f"{type(token).__name__}"
     )
 
@@ -603,7 +610,9 @@ def _check_dict_sequences(X):
         )
     flat, lengths = [], []
     for i, seq in enumerate(X):
-        if isinstance(seq, str | bytes | Mapping) or not hasattr(seq, "__len__"):
+        if isinstance(seq, str | bytes | Mapping) or not (
+            hasattr(seq, "__len__") and hasattr(seq, "__iter__")
+        ):  # (python-crfsuite's ItemSequence has a length, no iterator)
             raise ValueError(
                 f"X[{i}] must be a sequence of token feature dicts, got "
                 f"{type(seq).__name__}; X must be a list of sequences (wrap a "
@@ -632,8 +641,9 @@ class SequenceDictVectorizer(
     each a list of token feature dicts (``{"word.lower()": "the",
     "postag": "DT", "BOS": True}``), in the formats python-crfsuite takes:
     nested dicts give ``"outer:inner"`` feature names (``{"word": {"lower":
-    "the"}}`` is ``{"word:lower": "the"}``), and a token may be a list of
-    feature-name strings (each with value 1.0). The dicts of all tokens are handed to a
+    "the"}}`` is ``{"word:lower": "the"}``), and a token may be a list or
+    set of feature-name strings (each with value 1.0); NumPy scalar values
+    are read as Python ones. The dicts of all tokens are handed to a
     :class:`~sklearn.feature_extraction.DictVectorizer` (string values become
     one-hot ``name=value`` features, numbers and booleans are kept as
     values) or to any transformer with the same interface, such as

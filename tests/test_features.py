@@ -348,8 +348,34 @@ def test_token_formats_of_python_crfsuite():
     assert "word:lower=the" in a.get_feature_names_out()
     assert (a.transform(nested)[0] != b.transform(flat)[0]).nnz == 0
     with pytest.raises(ValueError, match=r"X\[0\]\[1\] must be a dict of token "
-                       r"features .* or a list of feature-name strings, got int"):
+                       r"features .* or a list or set of feature-name strings, "
+                       r"got int"):
         SequenceDictVectorizer().fit([[{"w": "a"}, 3]])
+    # A set of feature names (python-crfsuite takes them too) was refused, and
+    # NumPy bools (np.char.isupper, pandas) were refused by the DictVectorizer
+    # in a Pipeline, or left out of the vocabulary by fit alone.
+    as_set = [[{"word": {"lower": "the", "title": np.True_}, "pos": "DT"},
+               {"x", "bos"}]]
+    c = SequenceDictVectorizer().fit(as_set)
+    assert c.get_feature_names_out().tolist() == b.get_feature_names_out().tolist()
+    assert (c.transform(as_set)[0] != b.transform(flat)[0]).nnz == 0
+    flags = [[{"w": "the", "upper": np.False_, "n": np.float32(3.0)},
+              {"w": "CAT", "upper": np.True_, "n": np.int64(3)}]]
+    plain = [[{"w": "the", "upper": False, "n": 3.0}, {"w": "CAT", "upper": True,
+                                                        "n": 3}]]
+    class ItemSequenceLike:  # python-crfsuite's: a length, no iterator
+        def __len__(self):
+            return 1
+
+    with pytest.raises(ValueError, match=r"X\[0\] must be a sequence of token "
+                       r"feature dicts, got ItemSequenceLike"):
+        SequenceDictVectorizer().fit([ItemSequenceLike()])
+    d = SequenceDictVectorizer().fit(flags)
+    assert "upper" in d.get_feature_names_out()
+    np.testing.assert_array_equal(
+        d.transform(flags)[0].toarray(),
+        SequenceDictVectorizer().fit(plain).transform(plain)[0].toarray(),
+    )
     # A hasher of strings hashed the dicts' keys only (values were lost).
     with pytest.raises(ValueError, match="vectorizer must take token dicts .* "
                        "input_type='string'"):
