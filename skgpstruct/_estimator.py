@@ -121,8 +121,7 @@ def _explained_start(X_all, kernel):
     try:
         yield
     except NonFiniteStart as exc:
-        with np.errstate(over="ignore", invalid="ignore"):
-            prior_sd = float(np.sqrt(np.max(kernel.diag(X_all))))
+        prior_sd = _largest_prior_sd(X_all, kernel)
         raise ValueError(
             f"the ELBO cannot be evaluated where the fit starts ({exc}): X's "
             f"values may be too large (largest |x| = {_largest_magnitude(X_all):.3g};"
@@ -623,6 +622,13 @@ def _check_potentials(unary, pairwise, offsets, X_c, kind):
 MEDIAN_DISTANCE_TOKENS = 1000
 
 
+def _largest_prior_sd(X_all, kernel):
+    """The largest prior standard deviation of a training token's potential
+    (inf or NaN when the kernel's values overflow)."""
+    with np.errstate(over="ignore", invalid="ignore"):
+        return float(np.sqrt(np.max(kernel.diag(X_all))))
+
+
 def _check_prior_scale(X_all, kernel):
     """Refuse, naming the kernel, a prior under which a training token's
     potential has a standard deviation beyond the largest feature magnitude
@@ -630,8 +636,7 @@ def _check_prior_scale(X_all, kernel):
     precision. (With a variance of 1e100 every mode failed with another
     cause, or, with the score estimator, fitted a model that could not
     predict.)"""
-    with np.errstate(over="ignore", invalid="ignore"):
-        prior_sd = float(np.sqrt(np.max(kernel.diag(X_all))))
+    prior_sd = _largest_prior_sd(X_all, kernel)
     if not prior_sd <= FEATURE_MAGNITUDES[1]:
         raise ValueError(
             f"the kernel's prior gives a training token's potential a standard "
