@@ -405,6 +405,78 @@ FEATURE_MAGNITUDES = (1e-32, 1e32)
 DENSE_COLUMN_SHARE = 0.5
 
 
+def _active_columns(X):
+    """The columns of ``X`` with a nonzero entry, increasing (a stored zero
+    is not one)."""
+    if sp.issparse(X):
+        X = canonical_csr(X)
+        return np.unique(X.indices[X.data != 0]).astype(np.int64)
+    return np.flatnonzero(np.any(X != 0, axis=0)).astype(np.int64)
+
+
+def _with_new_columns(inducing, X, q_mu, q_sqrt):
+    """``(inducing, q_mu, q_sqrt)`` covering the columns of ``X`` (a continued
+    fit's data) active outside the inducing features' columns too, their
+    variables at the whitened prior (mean 0, covariance I): the posterior
+    the model implied for them. Unchanged when there are none (or the
+    inducing variables are not features of some columns)."""
+    if type(inducing) is not InducingFeatures or inducing.columns is None:
+        return inducing, q_mu, q_sqrt
+    new = inducing.prior_columns(X)
+    if new.size == 0:
+        return inducing, q_mu, q_sqrt
+    columns = np.union1d(inducing.columns, new)
+    grown = InducingFeatures(inducing.n_design_features, columns=columns)
+    # Old variables at their new places; the bias stays last.
+    place = np.append(np.searchsorted(columns, inducing.columns), columns.size)
+    K, V, M = q_mu.shape[0], q_mu.shape[1], grown.n_inducing
+    mu = np.zeros((K, V, M))
+    mu[..., place] = q_mu
+    if q_sqrt.ndim == 3:
+        sqrt = np.ones((K, V, M))
+        sqrt[..., place] = q_sqrt
+    else:
+        # Lower-triangular factors: the new variables independent of the
+        # others, so the factor keeps its entries and gets 1 on their
+        # diagonal (order-preserving placement keeps it triangular).
+        sqrt = np.broadcast_to(np.eye(M), (K, V, M, M)).copy()
+        sqrt[..., place[:, None], place[None, :]] = q_sqrt
+    return grown, mu, sqrt
+
+
+def _with_prior_columns(params, X, state, X_prior, prior_scales):
+    """A sampling design with more columns whose weights are at their prior.
+
+    ``X`` (n_tokens, M - 1), ``state`` (its feature scales, then the
+    bias's) and ``params`` are a design of inducing features and its
+    posterior; the columns of ``X_prior`` (scales ``prior_scales``) are
+    inserted before the bias with the whitened prior (mean 0, standard
+    deviation 1, independent of the rest).
+
+    Returns
+    -------
+    params, X, state
+    """
+    E = X_prior.shape[1]
+    if sp.issparse(X) or sp.issparse(X_prior):
+        X = sp.hstack([sp.csr_matrix(X), sp.csr_matrix(X_prior)], format="csr")
+    else:
+        X = np.hstack([X, X_prior])
+    state = np.concatenate([state[:-1], prior_scales, state[-1:]])
+    K, V, M = params.q_mu.shape
+    mu = np.concatenate(
+        [params.q_mu[..., :-1], np.zeros((K, V, E)), params.q_mu[..., -1:]], axis=-1
+    )
+    place = np.append(np.arange(M - 1), M - 1 + E)
+    if params.full_covariance:
+        sqrt = np.broadcast_to(np.eye(M + E), (K, V, M + E, M + E)).copy()
+        sqrt[..., place[:, None], place[None, :]] = params.q_sqrt
+    else:
+        sqrt = np.ones((K, V, M + E))
+        sqrt[..., place] = params.q_sqrt
+    return dataclasses.replace(params, q_mu=mu, q_sqrt=sqrt), X, state
+
+
 def _centred(X, mean):
     """``X - mean``: dense for dense ``X``, or for sparse ``X`` when every
     column is centred (continuing a fit on dense features); otherwise CSR,
@@ -861,8 +933,11 @@ class GPStructClassifier(BaseEstimator):
         The inducing variables. ``"features"`` (linear kernels, or any kernel
         with an explicit diagonal feature map) takes the weight of every
         feature as an inducing variable: exact, and
-        cheap for sparse indicator features (M = n_features + 1, the
-        ``n_inducing`` parameter is then unused). ``"kmeans++"`` and
+        cheap for sparse indicator features (M = the number of features
+        active at a training token + 1, the ``n_inducing`` parameter is
+        then unused; the weights of a feature no training token has keep
+        their prior, which ``predict_marginals`` samples, so hashed
+        features cost what their active columns cost). ``"kmeans++"`` and
         ``"random"`` draw ``n_inducing`` inducing inputs among the distinct
         training tokens (k-means++ seeding in the kernel's feature space, or
         uniformly). ``"auto"`` is ``"features"`` for the linear kernel with
@@ -877,13 +952,13 @@ CollapsedFeatures`). The posterior family is richer than the mean-field
         one it replaces (the bound is at least as tight), and the fit has 38
         to 47 % of the parameters on the CRF++ sets. After the fit every
         feature has its marginal posterior, so ``q_mu_`` and ``q_sqrt_``
-        keep one entry per feature, and ``predict_marginals`` samples the
-        collapsed posterior itself (see :doc:`/design`, "Lone features
-        collapsed"). Not applied by ``partial_fit`` (a collapsed variable
-        belongs to one training token, and the next piece has other
-        tokens), nor by stochastic fits with ``warm_start=True`` (SAGA's
-        state, which the next such fit continues, is kept per feature).
-        False keeps one variable per feature and label.
+        keep one entry per feature (active at a training token), and
+        ``predict_marginals`` samples the collapsed posterior itself (see
+        :doc:`/design`, "Lone features collapsed"). Not applied by
+        ``partial_fit`` (a collapsed variable belongs to one training
+        token, and the next piece has other tokens), nor by stochastic fits
+        with ``warm_start=True`` (SAGA's state, which the next such fit
+        continues, is kept per feature). False keeps one variable per feature and label.
     n_predict_samples : int, default=32
         Posterior samples averaged by :meth:`predict_marginals`.
     pairwise_uncertainty : bool, default=False
@@ -986,7 +1061,10 @@ GroupedLinearKernel`: automatic relevance determination per group).
         ``inducing_points_`` and the posterior are in these coordinates.
     inducing_ : InducingPoints or InducingFeatures
         The inducing variables: inducing inputs among the training tokens,
-        or (linear kernel, ``inducing="features"``) the feature weights.
+        or (linear kernel, ``inducing="features"``) the weights of the
+        features active at a training token (``inducing_.columns``, None
+        when that is every column; the posterior of the others is their
+        prior).
     inducing_points_ : ndarray or CSR matrix of shape (M, n_features) or None
         The inducing inputs (training tokens, minus ``feature_mean_`` when
         it is not None); None with inducing features.
@@ -1391,22 +1469,31 @@ GroupedLinearKernel`: automatic relevance determination per group).
             # Equal, but of the first fit's type (classes=[0., 1.] after
             # integer labels made predict return floats).
             classes = self.classes_
-        else:
-            kernel = self._checked_initial_kernel(X_all, is_sparse)
-            inducing = self._make_inducing(X_all, kernel, rng)
-        # The fit's own inducing variables: the lone features collapsed, or
-        # the same as the model's.
-        fit_inducing = inducing
-        if self._collapses(inducing, optimizer, partial):
-            collapsed = CollapsedFeatures.of(X_all)
-            if collapsed is not None:
-                fit_inducing = collapsed
-                sequences = split_by_offsets(collapsed.transform(X_all), offsets)
-        if warm:
             params = VariationalParameters(
                 self.q_mu_, self.q_sqrt_, self.weights_,
                 self.pairwise_mean_, self.pairwise_std_,
             ).copy()
+            # Columns this data activates that the model had no variable for
+            # join it at their prior.
+            inducing, params.q_mu, params.q_sqrt = _with_new_columns(
+                inducing, X_all, params.q_mu, params.q_sqrt
+            )
+        else:
+            kernel = self._checked_initial_kernel(X_all, is_sparse)
+            inducing = self._make_inducing(X_all, kernel, rng)
+        # Inducing features cover the columns active at a training token.
+        X_fit = inducing.select(X_all)
+        if X_fit is not X_all:
+            sequences = split_by_offsets(X_fit, offsets)
+        # The fit's own inducing variables: the lone features collapsed, or
+        # the same as the model's.
+        fit_inducing = inducing
+        if self._collapses(inducing, optimizer, partial):
+            collapsed = CollapsedFeatures.of(X_fit, original=inducing)
+            if collapsed is not None:
+                fit_inducing = collapsed
+                sequences = split_by_offsets(collapsed.transform(X_fit), offsets)
+        if warm:
             if fit_inducing is not inducing:
                 stored = getattr(self, "_collapsed", None)
                 if stored is not None and stored[0] == fit_inducing:
@@ -1818,14 +1905,23 @@ GroupedLinearKernel`: automatic relevance determination per group).
                     f"feature map), got {kernel!r}; use inducing='kmeans++' or "
                     "'random'"
                 )
-            if self.covariance == "full" and X_all.shape[1] + 1 > _MAX_FULL_FEATURES:
+            # A weight no training token reaches keeps its prior: variables
+            # for the active columns only (hashed features: a few thousand
+            # of 2**20), the others sampled at their prior by
+            # predict_marginals.
+            n_features = X_all.shape[1]
+            columns = _active_columns(X_all)
+            M = columns.size + 1
+            if self.covariance == "full" and M > _MAX_FULL_FEATURES:
                 raise ValueError(
                     f"covariance='full' with inducing='features' needs a "
-                    f"({X_all.shape[1] + 1} x {X_all.shape[1] + 1}) factor per "
-                    f"label; use covariance='diag' or inducing points "
-                    f"(n_features + 1 must be <= {_MAX_FULL_FEATURES})"
+                    f"({M} x {M}) factor per label; use covariance='diag' or "
+                    "inducing points (the number of features active at a "
+                    f"training token + 1 must be <= {_MAX_FULL_FEATURES})"
                 )
-            return InducingFeatures(X_all.shape[1])
+            if 0 < columns.size < n_features:
+                return InducingFeatures(n_features, columns=columns)
+            return InducingFeatures(n_features)
         chosen = select_inducing_points(X_all, kernel, self.n_inducing, method, rng)
         return InducingPoints(X_all[chosen])
 
@@ -2150,9 +2246,7 @@ GroupedLinearKernel`: automatic relevance determination per group).
                 return sample_unary_stacked(
                     params, stacked, layout.row_starts, offsets, S, rngs
                 )
-        if inducing is not self.inducing_:
-            raise RuntimeError("a sampling design needs the stacked form")
-        projection = self._project(X_c, offsets)
+        projection = inducing.project(self.kernel_, state, X_c, offsets)
         residual_sd = np.sqrt(projection.residual)
         unary = np.empty((K, S, X_c.shape[0], V))
         for n, rng in enumerate(rngs):
@@ -2178,18 +2272,28 @@ GroupedLinearKernel`: automatic relevance determination per group).
         per-feature marginals (``q_mu_``, ``q_sqrt_``) drop the lone
         weights' correlation.
         """
+        inducing, state = self.inducing_, self._inducing_state
+        X_s = inducing.select(X_c)
         collapsed = getattr(self, "_collapsed", None)
-        if collapsed is None:
-            return params, X_c, self.inducing_, self._inducing_state
-        features, q_mu_c, q_sqrt_c = collapsed
-        X_s, state, q_mu, q_sqrt = features.sampling_design(
-            X_c, self._inducing_state, self.kernel_, (params.q_mu, params.q_sqrt),
-            (q_mu_c, q_sqrt_c),
-        )
-        return (
-            dataclasses.replace(params, q_mu=q_mu, q_sqrt=q_sqrt), X_s,
-            InducingFeatures(X_s.shape[1]), state,
-        )
+        if collapsed is not None:
+            features, q_mu_c, q_sqrt_c = collapsed
+            X_s, state, q_mu, q_sqrt = features.sampling_design(
+                X_s, state, self.kernel_, (params.q_mu, params.q_sqrt),
+                (q_mu_c, q_sqrt_c),
+            )
+            params = dataclasses.replace(params, q_mu=q_mu, q_sqrt=q_sqrt)
+            inducing = InducingFeatures(X_s.shape[1])
+        prior = self.inducing_.prior_columns(X_c)
+        if prior.size:
+            # The chunk's columns no training token had: weights at their
+            # prior, sampled as the full model would.
+            scales = self.inducing_.design_scales(self.kernel_)[prior]
+            params, X_s, state = _with_prior_columns(
+                params, X_s, state, canonical_csr(X_c)[:, prior]
+                if sp.issparse(X_c) else X_c[:, prior], scales,
+            )
+            inducing = InducingFeatures(X_s.shape[1])
+        return params, X_s, inducing, state
 
     def _predict_marginals_ess(self, sequences):
         """GPstruct's prediction: marginals averaged over the kept samples of
@@ -2236,18 +2340,14 @@ GroupedLinearKernel`: automatic relevance determination per group).
             )
         return out.astype(np.float64, copy=False)
 
-    def _project(self, X_c, offsets):
-        return self.inducing_.project(
-            self.kernel_, self._inducing_state, X_c, offsets
-        )
-
     def _mean_potentials(self, X_c):
         """Posterior mean of the unary potentials, (n_tokens, n_classes)."""
         if hasattr(self, "ess_"):
             return self.ess_.mean_unary(X_c)
         mean_mu = np.einsum("k,kvm->vm", self.weights_, self.q_mu_)
+        # (columns without a variable have weights of prior mean 0)
         return self.inducing_.mean_potentials(
-            self.kernel_, self._inducing_state, X_c, mean_mu
+            self.kernel_, self._inducing_state, self.inducing_.select(X_c), mean_mu
         )
 
     def predict(self, X):

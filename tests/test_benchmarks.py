@@ -65,6 +65,7 @@ bench_prior_draws = _module_fixture("bench_prior_draws")
 bench_predict = _module_fixture("bench_predict")
 bench_saga_noise = _module_fixture("bench_saga_noise")
 bench_long_sequence = _module_fixture("bench_long_sequence")
+bench_hashed = _module_fixture("bench_hashed")
 
 
 def test_bench_ess_hyperparameters_fixed_or_learned(bench_ess):
@@ -473,6 +474,32 @@ def test_bench_predict_row(bench_predict, monkeypatch):
     assert row["test tokens"] == sum(len(s) for s in y[12:])
     for column in bench_predict.COLUMNS[2:-1]:
         assert np.isfinite(row[column]) and row[column] > 0
+
+
+def test_bench_hashed_rows(bench_hashed):
+    # Word / part-of-speech sentences: both designs' rows, the hashed one
+    # 2**20 columns wide with a model over its active columns only, and
+    # the ratios those of the measured runs (one round).
+    rng = np.random.default_rng(0)
+    words = np.array(["the", "Cat", "sat", "on", "a", "mat", "1999", "DOGS"])
+    tags = np.array(["DT", "NN", "VBD", "IN", "NNS"])
+    sentences, labels = [], []
+    for _ in range(16):
+        n = int(rng.integers(2, 7))
+        sentences.append([[str(w), str(t)] for w, t in zip(
+            rng.choice(words, n), rng.choice(tags, n), strict=True)])
+        labels.append([["B", "I", "O"][len(w) % 3] for w, _ in sentences[-1]])
+    dicts = bench_hashed.token_dicts(sentences)
+    assert dicts[0][0]["BOS"] is True and "-1:postag" not in dicts[0][0]
+    data = (dicts[:10], labels[:10], dicts[10:], labels[10:])
+    rows, ratio = bench_hashed.measure("synthetic", data, rounds=1, min_time=0.01)
+    vocabulary, hashed = rows
+    assert set(vocabulary) == set(hashed) == set(bench_hashed.COLUMNS)
+    assert hashed["columns"] == bench_hashed.HASHED_COLUMNS
+    assert hashed["model columns"] <= vocabulary["columns"] < 100
+    assert vocabulary["model columns"] <= vocabulary["columns"]
+    assert ratio["pickle"] == hashed["pickle MB"] / vocabulary["pickle MB"]
+    assert ratio["fit"] == hashed["fit s"] / vocabulary["fit s"]
 
 
 def test_crfsuite_grids_share_the_inner_cv(common):

@@ -33,6 +33,7 @@ import skgpstruct._estimator as estimator_module
 from skgpstruct import GPStructClassifier, SequenceDictVectorizer
 from skgpstruct._sequences import chunk_slices, stack_sequences
 from skgpstruct.datasets import make_sequences
+from skgpstruct.inference.inducing import InducingFeatures
 from skgpstruct.kernels import Kernel, LinearKernel, RBFKernel
 from skgpstruct.likelihoods import Likelihood
 from skgpstruct.metrics import SCORERS, sequence_accuracy, token_accuracy
@@ -1662,16 +1663,196 @@ def test_collapsed_fit_gives_every_feature_a_posterior(lone_data, monkeypatch):
     assert calls == [n_shared + n_train + 1]
     per_feature = GPStructClassifier(collapse_lone_features=False, **FAST).fit(X, y)
     assert len(calls) == 1
+    # Columns active at no training token (the test tokens' own, half of the
+    # second ones) have no variable: their weights keep the prior.
+    seen = np.flatnonzero(sp.vstack(X).getnnz(axis=0))
+    assert seen.size < n_shared + 2 * n_train
     for model in (collapsed, per_feature):
-        shape = (1, N_CLASSES, n_features + 1)
+        shape = (1, N_CLASSES, seen.size + 1)
         assert model.q_mu_.shape == model.q_sqrt_.shape == shape
+        np.testing.assert_array_equal(model.inducing_.columns, seen)
         assert_clearly_better_than_chance(y_test, model.predict(X_test))
-    # The test tokens' own columns, active at no training token: the prior.
-    unseen = slice(n_shared + 2 * n_train, n_features)
-    assert np.all(collapsed.q_mu_[..., unseen] == 0.0)
-    assert np.all(collapsed.q_sqrt_[..., unseen] == 1.0)
     # The training tokens' own columns have left the prior mean.
     assert np.any(collapsed.q_mu_[..., n_shared : n_shared + n_train] != 0.0)
+
+
+def spread_columns(X, n_design, seed=0):
+    """``X`` (CSR sequences) in a design of ``n_design`` columns, its own
+    columns in their order at random places, the others active nowhere;
+    returns (sequences, places)."""
+    n = X[0].shape[1]
+    place = np.sort(np.random.default_rng(seed).choice(n_design, n, replace=False))
+    out = []
+    for x in X:
+        x = sp.csr_matrix(x)
+        out.append(sp.csr_matrix(
+            (x.data, place[x.indices], x.indptr), shape=(x.shape[0], n_design)
+        ))
+    return out, place
+
+
+def test_columns_no_training_token_has_cost_nothing():
+    # Hashed features (FeatureHasher's 2**20 columns) leave most columns
+    # empty: the model has variables for the active ones only, and fits and
+    # predicts as on the design without the empty columns.
+    X, y, X_test, _ = split(sparse=True)
+    X_wide, place = spread_columns(X, 5000)
+    X_test_wide = [
+        sp.csr_matrix((x.data, place[x.indices], x.indptr), shape=(x.shape[0], 5000))
+        for x in map(sp.csr_matrix, X_test)
+    ]
+    narrow = GPStructClassifier(**FAST).fit(X, y)
+    wide = GPStructClassifier(**FAST).fit(X_wide, y)
+    assert narrow.inducing_.columns is None
+    np.testing.assert_array_equal(wide.inducing_.columns, place)
+    assert wide.n_features_in_ == 5000
+    assert wide.q_mu_.shape == narrow.q_mu_.shape == (1, N_CLASSES, place.size + 1)
+    np.testing.assert_allclose(wide.elbo_history_, narrow.elbo_history_, rtol=1e-9)
+    np.testing.assert_allclose(wide.q_mu_, narrow.q_mu_, rtol=1e-6, atol=1e-9)
+    for a, b in zip(wide.predict(X_test_wide), narrow.predict(X_test), strict=True):
+        np.testing.assert_array_equal(a, b)
+
+
+def _full_width_reference(model):
+    """``model`` with a variable for every column, those it had none for at
+    the prior: the model as it was before variables were restricted to the
+    active columns (no collapsed posterior: the tokens it is used on have no
+    lone training feature, so their samples do not need it)."""
+    reference = copy.deepcopy(model)
+    columns = np.append(model.inducing_.columns, model.n_features_in_)
+    K, V, _ = model.q_mu_.shape
+    M = model.n_features_in_ + 1
+    reference.q_mu_ = np.zeros((K, V, M))
+    reference.q_mu_[..., columns] = model.q_mu_
+    if model.q_sqrt_.ndim == 3:
+        reference.q_sqrt_ = np.ones((K, V, M))
+        reference.q_sqrt_[..., columns] = model.q_sqrt_
+    else:
+        covariance = model.q_sqrt_ @ np.swapaxes(model.q_sqrt_, -1, -2)
+        full = np.broadcast_to(np.eye(M), (K, V, M, M)).copy()
+        full[..., columns[:, None], columns[None, :]] = covariance
+        reference.q_sqrt_ = np.linalg.cholesky(full)
+    reference.inducing_ = InducingFeatures(model.n_features_in_)
+    reference._inducing_state = reference.inducing_.prepare(model.kernel_)
+    reference.__dict__.pop("_collapsed", None)
+    return reference
+
+
+@pytest.mark.parametrize("covariance", ["diag", "full"])
+def test_columns_without_a_variable_are_sampled_at_their_prior(covariance, lone_data):
+    # A test token's columns that no training token had keep their prior
+    # weights: predict_marginals samples them, as the model with a variable
+    # for every column (at its prior) does, and does not ignore them.
+    X, y, X_test, _ = lone_data
+    options = dict(FAST, n_predict_samples=4000)
+    if covariance == "full":
+        # (fewer columns: the test tokens' own, not the training ones')
+        X = [x[:, : N_FEATURES] for x in X]
+        X_test = [x[:, : N_FEATURES] for x in X_test]
+        X, _ = spread_columns(X, 40)
+        X_test, _ = spread_columns(X_test, 40)
+        options.update(covariance="full", inducing="features")
+    model = GPStructClassifier(**options).fit(X, y)
+    assert model.inducing_.columns is not None
+    if covariance == "diag":
+        assert hasattr(model, "_collapsed")
+    unseen = np.setdiff1d(np.arange(model.n_features_in_), model.inducing_.columns)
+    # One unseen column at every test token, whose prior sd of the potentials
+    # is 5 (the scale of its weight times its value).
+    column = unseen[0]
+    value = 5.0 / model.inducing_.design_scales(model.kernel_)[column]
+    X_new = []
+    for x in X_test:
+        x = sp.lil_matrix(x)
+        x[:, column] = value
+        X_new.append(x.tocsr())
+    marginals = np.concatenate(model.predict_marginals(X_new))
+    expected = np.concatenate(_full_width_reference(model).predict_marginals(X_new))
+    without = np.concatenate(model.predict_marginals(X_test))  # the column unset
+    assert np.abs(marginals - expected).mean() < 0.01
+    assert np.abs(without - expected).mean() > 0.03
+
+
+@pytest.mark.parametrize("covariance", ["diag", "full"])
+def test_continued_fits_add_the_columns_new_data_activates(covariance):
+    # A warm start on data with columns the first fit never saw gives them
+    # variables at their prior (the posterior the model implied), keeps the
+    # others', and learns them.
+    X, y, X_test, y_test = split(sparse=True, noise=0.2)
+    n = X[0].shape[1]
+    active = np.flatnonzero(sp.vstack(X).getnnz(axis=0))
+    wide = [sp.hstack([x, sp.csr_matrix((x.shape[0], n))], format="csr") for x in X]
+    # Second data: the same tokens with their features in the new columns.
+    moved = [sp.hstack([sp.csr_matrix(x.shape), x], format="csr") for x in X]
+    options = dict(FAST, covariance=covariance, inducing="features")
+    model = GPStructClassifier(**options).fit(wide, y)
+    np.testing.assert_array_equal(model.inducing_.columns, active)
+    inducing, q_mu, q_sqrt = estimator_module._with_new_columns(
+        model.inducing_, sp.vstack(moved), model.q_mu_, model.q_sqrt_
+    )
+    np.testing.assert_array_equal(inducing.columns, np.append(active, n + active))
+    # The implied posterior of every variable, old and new, is unchanged:
+    # compared as covariances in the full-width coordinates.
+    reference = _full_width_reference(model)
+    grown = copy.deepcopy(model)
+    grown.inducing_, grown.q_mu_, grown.q_sqrt_ = inducing, q_mu, q_sqrt
+    grown = _full_width_reference(grown)
+    np.testing.assert_array_equal(grown.q_mu_, reference.q_mu_)
+    if covariance == "full":
+        def cov(L):
+            return L @ np.swapaxes(L, -1, -2)
+        np.testing.assert_allclose(cov(grown.q_sqrt_), cov(reference.q_sqrt_))
+    else:
+        np.testing.assert_array_equal(grown.q_sqrt_, reference.q_sqrt_)
+    X_test_moved = [
+        sp.hstack([sp.csr_matrix(x.shape), sp.csr_matrix(x)], format="csr")
+        for x in X_test
+    ]
+    before = token_accuracy(y_test, model.predict(X_test_moved))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ConvergenceWarning)
+        model.set_params(warm_start=True).fit(moved, y)
+    grown = np.append(active, n + active)
+    np.testing.assert_array_equal(model.inducing_.columns, grown)
+    after = token_accuracy(y_test, model.predict(X_test_moved))
+    assert after > before + 0.2
+    assert_clearly_better_than_chance(y_test, model.predict(X_test_moved))
+
+
+def test_partial_fit_adds_the_columns_of_later_pieces():
+    X, y, X_test, y_test = split(sparse=True, noise=0.2)
+    n = X[0].shape[1]
+    active = np.flatnonzero(sp.vstack(X).getnnz(axis=0))
+    first = [sp.hstack([x, sp.csr_matrix((x.shape[0], n))], format="csr") for x in X]
+    second = [sp.hstack([sp.csr_matrix(x.shape), x], format="csr") for x in X]
+    model = GPStructClassifier(optimizer="stochastic", batch_size=5, **FAST)
+    model.partial_fit(first, y, classes=np.arange(N_CLASSES))
+    np.testing.assert_array_equal(model.inducing_.columns, active)
+    for _ in range(10):
+        model.partial_fit(second, y)
+    grown = np.append(active, n + active)
+    np.testing.assert_array_equal(model.inducing_.columns, grown)
+    X_test_second = [
+        sp.hstack([sp.csr_matrix(x.shape), sp.csr_matrix(x)], format="csr")
+        for x in X_test
+    ]
+    assert_clearly_better_than_chance(y_test, model.predict(X_test_second))
+
+
+def test_models_pickled_before_inducing_columns_predict():
+    # Inducing features pickled before they had columns cover every column.
+    X, y, X_test, _ = split(sparse=True)
+    model = GPStructClassifier(**FAST).fit(X, y)
+    old = copy.deepcopy(model)
+    del old.inducing_.__dict__["columns"]
+    old = pickle.loads(pickle.dumps(old))
+    assert old.inducing_.columns is None
+    assert old.inducing_.n_design_features == X[0].shape[1]
+    for a, b in zip(old.predict(X_test), model.predict(X_test), strict=True):
+        np.testing.assert_array_equal(a, b)
+    for a, b in zip(old.predict_marginals(X_test), model.predict_marginals(X_test),
+                    strict=True):
+        np.testing.assert_array_equal(a, b)
 
 
 def test_no_collapse_without_lone_features(data, fitted, monkeypatch):

@@ -73,7 +73,7 @@ def _random_params(rng, K, full, V=V, M=M):
 def _problem(
     kernel_name, *, K=1, full=False, estimator="pathwise", S=3, seed=0,
     features=False, compact=False, n_features=12, hyperprior_scale=None,
-    sample_dtype=np.float64,
+    sample_dtype=np.float64, design_columns=None,
 ):
     """A tiny fixed-sample ELBO: 6 sequences of 1-5 tokens in 2 chunks.
 
@@ -81,7 +81,11 @@ def _problem(
     variables instead of inducing points; ``compact=True`` then lays the
     chunks out on their own features, as the estimator does.
     ``features="collapsed"`` collapses the lone features
-    (:class:`CollapsedFeatures`, compact layout). The stacked form samples
+    (:class:`CollapsedFeatures`, compact layout). ``design_columns`` spreads
+    the features over a wider design, whose other columns no token has,
+    with inducing variables for the active columns only (the estimator's
+    ``InducingFeatures(columns=...)``, of the design the kernel sees). The
+    stacked form samples
     in double precision unless ``sample_dtype`` says otherwise: finite
     differences of step 1e-5 would see single precision's rounding.
     """
@@ -100,7 +104,8 @@ def _problem(
             X.append(sp.csr_matrix(rows))
         if kernel_name == "grouped":
             kernel = GroupedLinearKernel(
-                groups=np.arange(n_features) % 3, variance=[1.3, 0.4, 2.0],
+                groups=np.arange(design_columns or n_features) % 3,
+                variance=[1.3, 0.4, 2.0],
                 bias=0.7,
             )
         else:
@@ -108,14 +113,25 @@ def _problem(
     y = [rng.integers(V, size=t) for t in lengths]
     Xs, offsets = stack_sequences(X)
     labels = np.concatenate(y).astype(np.int64)
+    original = None
+    if design_columns is not None:
+        place = np.sort(np.random.default_rng(seed + 1).choice(
+            design_columns, Xs.shape[1], replace=False
+        ))
+        wide = sp.csr_matrix(
+            (Xs.data, place[Xs.indices], Xs.indptr), shape=(Xs.shape[0], design_columns)
+        )
+        original = InducingFeatures(design_columns, columns=np.unique(wide.indices))
+        assert original.n_features < design_columns
+        Xs = original.select(wide)
     if features == "collapsed":
-        inducing = CollapsedFeatures.of(Xs)
+        inducing = CollapsedFeatures.of(Xs, original=original)
         # Some token has two lone features or more: a sum is collapsed.
         assert np.diff(inducing.token_values.indptr).max() >= 2
         Xs = inducing.transform(Xs)
         compact = True
     elif features:
-        inducing = InducingFeatures(Xs.shape[1])
+        inducing = original or InducingFeatures(Xs.shape[1])
     else:
         inducing = InducingPoints(Xs[distinct_rows(Xs)[:M]])
     n_inducing = inducing.n_inducing
@@ -171,13 +187,19 @@ def _problem(
         ("grouped", 2, False, "compact"),
         ("linear", 1, False, "collapsed"),
         ("grouped", 2, False, "collapsed"),
+        # inducing variables for the design's active columns only
+        ("grouped", 1, False, "columns"),
+        ("grouped", 1, True, "columns"),
+        ("grouped", 2, False, "collapsed columns"),
     ],
 )
 def test_pathwise_gradient_matches_finite_differences(kernel_name, K, full, features):
     objective, layout, x0 = _problem(
         kernel_name, K=K, full=full,
-        features="collapsed" if features == "collapsed" else bool(features),
-        compact=features == "compact", n_features=40 if features else 12,
+        features="collapsed" if "collapsed" in str(features) else bool(features),
+        compact=features == "compact" or (features == "columns" and not full),
+        n_features=40 if features else 12,
+        design_columns=55 if "columns" in str(features) else None,
     )
     rng = np.random.default_rng(1)
     with Parallel(n_jobs=1) as parallel:

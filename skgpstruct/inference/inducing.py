@@ -342,6 +342,17 @@ class InducingPoints:
         return None
 
     @staticmethod
+    def select(X):
+        """The design as the variables take it: every column (a kernel
+        between tokens reads all of them)."""
+        return X
+
+    @staticmethod
+    def prior_columns(X):
+        """No column is left at its prior: an empty array."""
+        return np.zeros(0, dtype=np.int64)
+
+    @staticmethod
     def support(layout):
         """Every token depends on every inducing point: no restriction."""
         return None
@@ -416,13 +427,94 @@ class InducingFeatures:
     represented. ``B`` restricted to the features active in a sequence is a
     small dense matrix; no M x M factorisation is needed. M = n_features + 1.
 
+    The variables may cover some of the design's columns only
+    (``columns``): those active at a training token, whose posterior the
+    fit changes (a weight no training token reaches keeps its prior). The
+    other columns cost nothing: a design of 2**20 hashed columns of which
+    a few thousand are active keeps a few thousand variables per label.
+    The methods taking a design ``X`` then take it restricted to
+    ``columns`` (:meth:`select`), numbered within them.
+
     Parameters
     ----------
     n_features : int
+        Number of columns of the design.
+    columns : ndarray of int or None, default=None
+        The columns, increasing, that have inducing variables; None for all.
+
+    Attributes
+    ----------
+    n_features : int
+        Number of columns with inducing variables (M - 1).
+    n_design_features : int
+        Number of columns of the design (the ``n_features`` given).
+    columns : ndarray of int64 or None
     """
 
-    def __init__(self, n_features):
+    columns = None  # (models pickled before columns existed have all)
+
+    def __init__(self, n_features, columns=None):
+        if columns is not None:
+            columns = np.asarray(columns, dtype=np.int64)
+            if columns.ndim != 1 or np.any(np.diff(columns) <= 0) or (
+                columns.size and (columns[0] < 0 or columns[-1] >= n_features)
+            ):
+                raise ValueError(
+                    f"columns must be increasing column indices below "
+                    f"n_features={n_features}"
+                )
+            self._n_design_features = n_features
+            n_features = columns.size
+        self.columns = columns
         self.n_features = n_features
+
+    @property
+    def n_design_features(self):
+        """Number of columns of the design (``n_features`` with all of them)."""
+        return self.__dict__.get("_n_design_features", self.n_features)
+
+    def select(self, X):
+        """The design's columns that have inducing variables, numbered within
+        them: ``X`` itself when every column has one.
+
+        Parameters
+        ----------
+        X : ndarray or sparse matrix of shape (n_tokens, n_design_features)
+
+        Returns
+        -------
+        ndarray or CSR matrix of shape (n_tokens, n_features)
+        """
+        if self.columns is None:
+            return X
+        if sp.issparse(X):
+            return sp.csr_matrix(X)[:, self.columns]
+        return np.asarray(X)[:, self.columns]
+
+    def prior_columns(self, X):
+        """The columns active in ``X`` (a design of every column) that have
+        no inducing variable: sorted, empty when all columns have one."""
+        if self.columns is None:
+            return np.zeros(0, dtype=np.int64)
+        if sp.issparse(X):
+            X = canonical_csr(X)
+            active = np.unique(X.indices[X.data != 0])
+        else:
+            active = np.flatnonzero(np.any(np.asarray(X) != 0, axis=0))
+        return np.setdiff1d(active, self.columns, assume_unique=True)
+
+    def design_scales(self, kernel):
+        """The kernel's scales of every column of the design, then the bias's."""
+        return kernel.feature_scales(self.n_design_features)
+
+    def _design_gradient(self, d_scales):
+        """A gradient w.r.t. :meth:`prepare`'s scales, w.r.t. the design's."""
+        if self.columns is None:
+            return d_scales
+        out = np.zeros(self.n_design_features + 1)
+        out[self.columns] = d_scales[:-1]
+        out[-1] = d_scales[-1]
+        return out
 
     @property
     def n_inducing(self):
@@ -538,9 +630,13 @@ class InducingFeatures:
             )
 
     def prepare(self, kernel):
-        """Per-evaluation state: the feature scales of the kernel."""
+        """Per-evaluation state: the feature scales of the kernel (of the
+        columns with inducing variables, then the bias's)."""
         self._check_kernel(kernel)
-        return kernel.feature_scales(self.n_features)
+        scales = self.design_scales(kernel)
+        if self.columns is None:
+            return scales
+        return np.append(scales[self.columns], scales[-1])
 
     def project(self, kernel, scales, X, offsets, layout=None):
         """Projection of the tokens X (sequences delimited by offsets).
@@ -580,7 +676,7 @@ class InducingFeatures:
 
     def finish_gradient(self, kernel, scales, d_scales):
         """Gradient in theta from the summed gradient w.r.t. the scales."""
-        return kernel.feature_scales_vjp(d_scales)
+        return kernel.feature_scales_vjp(self._design_gradient(d_scales))
 
 
 class CollapsedFeatures(InducingFeatures):
@@ -615,8 +711,9 @@ class CollapsedFeatures(InducingFeatures):
 
     Parameters
     ----------
-    n_original : int
-        Number of features of the original design.
+    original : InducingFeatures
+        The inducing features of the original design (the model's), whose
+        feature scales the collapsed ones are made of.
     kept : ndarray of int64
         Original features active at two training tokens or more, in order:
         the first inducing variables.
@@ -630,9 +727,10 @@ class CollapsedFeatures(InducingFeatures):
         variable, increasing.
     """
 
-    def __init__(self, n_original, kept, lone, token_values, tokens):
+    def __init__(self, original, kept, lone, token_values, tokens):
         super().__init__(kept.size + tokens.size)
-        self.n_original = n_original
+        self.original = original
+        self.n_original = original.n_features
         self.kept, self.lone = kept, lone
         self.token_values, self.tokens = token_values, tokens
         self._squares = token_values.multiply(token_values).tocsr()
@@ -644,13 +742,16 @@ class CollapsedFeatures(InducingFeatures):
         self._entry_feature = lone[token_values.indices]
 
     @classmethod
-    def of(cls, X):
+    def of(cls, X, original=None):
         """The collapsed features of a training design ``X`` (all tokens stacked).
 
         Parameters
         ----------
         X : sparse matrix or ndarray of shape (n_tokens, n_features)
             A stored zero is not an active feature.
+        original : InducingFeatures or None, default=None
+            The model's inducing features, of which ``X`` is the selected
+            design (:meth:`InducingFeatures.select`); None for every column.
 
         Returns
         -------
@@ -660,6 +761,8 @@ class CollapsedFeatures(InducingFeatures):
             has two lone features or more.
         """
         n_original = X.shape[1]
+        if original is None:
+            original = InducingFeatures(n_original)
         if sp.issparse(X):
             X = sp.csr_matrix(X)
             counts = np.bincount(X.indices[X.data != 0], minlength=n_original)
@@ -676,7 +779,7 @@ class CollapsedFeatures(InducingFeatures):
             return None
         values = values[tokens]
         values.sort_indices()
-        return cls(n_original, kept, lone, values, tokens)
+        return cls(original, kept, lone, values, tokens)
 
     def __eq__(self, other):
         """Whether ``other`` collapses the same tokens' same lone features
@@ -687,8 +790,11 @@ class CollapsedFeatures(InducingFeatures):
         if self is other:
             return True
         mine, theirs = self.token_values, other.token_values
+        columns = (self._original().columns, other._original().columns)
         return (
             self.n_original == other.n_original
+            and (columns[0] is None) == (columns[1] is None)
+            and (columns[0] is None or np.array_equal(*columns))
             and np.array_equal(self.kept, other.kept)
             and np.array_equal(self.lone, other.lone)
             and np.array_equal(self.tokens, other.tokens)
@@ -698,6 +804,11 @@ class CollapsedFeatures(InducingFeatures):
         )
 
     __hash__ = None  # mutable arrays: equal objects need not stay equal
+
+    def _original(self):
+        """:attr:`original` (models pickled before it existed: every column)."""
+        original = self.__dict__.get("original")
+        return InducingFeatures(self.n_original) if original is None else original
 
     @property
     def n_collapsed(self):
@@ -724,7 +835,7 @@ class CollapsedFeatures(InducingFeatures):
         """Feature scales in the collapsed space: the kept features', then
         every collapsed variable's ``sigma_t``, then the bias's."""
         self._check_kernel(kernel)
-        scales = kernel.feature_scales(self.n_original)
+        scales = self._original().prepare(kernel)
         return np.concatenate([scales[self.kept], self._spread(scales), scales[-1:]])
 
     def _spread(self, scales):
@@ -733,7 +844,7 @@ class CollapsedFeatures(InducingFeatures):
 
     def finish_gradient(self, kernel, scales, d_scales):
         """Gradient in theta from the gradient w.r.t. the collapsed scales."""
-        original = kernel.feature_scales(self.n_original)
+        original = self._original().prepare(kernel)
         n_kept, n_collapsed = self.kept.size, self.n_collapsed
         d_original = np.zeros_like(original)
         d_original[self.kept] = d_scales[:n_kept]
@@ -743,7 +854,7 @@ class CollapsedFeatures(InducingFeatures):
         spread = scales[n_kept : n_kept + n_collapsed]
         per_spread = d_scales[n_kept : n_kept + n_collapsed] / spread
         d_original[self.lone] = (self._squares_t @ per_spread) * original[self.lone]
-        return kernel.feature_scales_vjp(d_original)
+        return self._original().finish_gradient(kernel, original, d_original)
 
     def sampling_design(self, X, scales, kernel, expanded, collapsed):
         """A design and posterior on which sampling is exact for this
@@ -808,7 +919,7 @@ class CollapsedFeatures(InducingFeatures):
 
     def _loadings(self, kernel):
         """``a_j = x_tj c_j / sigma_t`` of every lone entry (entry order)."""
-        scales = kernel.feature_scales(self.n_original)
+        scales = self._original().prepare(kernel)
         return (
             self.token_values.data * scales[self._entry_feature]
             / self._spread(scales)[self._entry_variable]
