@@ -30,7 +30,11 @@ try:
     from sklearn.exceptions import ConvergenceWarning
 
     import skgpstruct
-    from skgpstruct import CRFppTemplateVectorizer, GPStructClassifier
+    from skgpstruct import (
+        CRFppTemplateVectorizer,
+        GPStructClassifier,
+        SequenceDictVectorizer,
+    )
     from skgpstruct.io import read_conll
     from skgpstruct.metrics import token_accuracy
 except ImportError as exc:  # pragma: no cover - depends on the environment
@@ -510,6 +514,50 @@ def template_features(template, tokens_train, tokens_test):
         vectorizer = CRFppTemplateVectorizer(template)
         X_train = vectorizer.fit_transform(tokens_train)
         X_test = vectorizer.transform(tokens_test)
+    return X_train, X_test, vectorizer.get_feature_names_out(), sw.seconds
+
+
+def token_dict(sentence, t):
+    """Token ``t``'s features as sklearn-crfsuite's tutorial writes them, for
+    any CRF++ rows: the word (column 0) lowercased, its last three and two
+    letters, its case and digit flags, the other columns (``c1``, ...), the
+    same of the two tokens before and after (``-1:``, ``+2:``, ...), a bias
+    and ``BOS`` / ``EOS`` at the ends."""
+    row, word = sentence[t], sentence[t][0]
+    features = {
+        "bias": 1.0, "word.lower()": word.lower(), "word[-3:]": word[-3:],
+        "word[-2:]": word[-2:], "word.isupper()": word.isupper(),
+        "word.istitle()": word.istitle(), "word.isdigit()": word.isdigit(),
+    }
+    features.update({f"c{j}": row[j] for j in range(1, len(row))})
+    for offset in (-2, -1, 1, 2):
+        if 0 <= t + offset < len(sentence):
+            other = sentence[t + offset]
+            features[f"{offset:+d}:word.lower()"] = other[0].lower()
+            features.update(
+                {f"{offset:+d}:c{j}": other[j] for j in range(1, len(other))}
+            )
+        elif abs(offset) == 1:
+            features["BOS" if offset < 0 else "EOS"] = True
+    return features
+
+
+def token_dicts(sentences):
+    """:func:`token_dict` of every token of every sentence."""
+    return [[token_dict(s, t) for t in range(len(s))] for s in sentences]
+
+
+def dict_features(tokens_train, tokens_test):
+    """:func:`token_dicts` through a :class:`skgpstruct.SequenceDictVectorizer`
+    fitted on the training fold (its columns grouped by key); transform both.
+
+    Returns (X_train, X_test, feature_names, seconds), as
+    :func:`template_features`.
+    """
+    with Stopwatch() as sw:
+        vectorizer = SequenceDictVectorizer()
+        X_train = vectorizer.fit_transform(token_dicts(tokens_train))
+        X_test = vectorizer.transform(token_dicts(tokens_test))
     return X_train, X_test, vectorizer.get_feature_names_out(), sw.seconds
 
 

@@ -1,13 +1,16 @@
 """Hashed token features (FeatureHasher, 2**20 columns) beside a vocabulary.
 
-sklearn-crfsuite-style token dicts (the word lowercased, its suffix, case
-and digit flags, its part of speech, the neighbours' words and parts of
-speech) of the Table 1 fold 0 training and test sequences of the data
-sets with word and part-of-speech columns (basenp, chunking), turned into
+sklearn-crfsuite-style token dicts (``_common.token_dicts``: the word
+lowercased, its suffixes, case and digit flags, the part of speech, the
+same of two neighbours on each side) of the Table 1 fold 0 training and
+test sequences of the data sets with word and part-of-speech columns
+(basenp, chunking), turned into
 features by :class:`skgpstruct.SequenceDictVectorizer` around a
 ``DictVectorizer`` (the training fold's vocabulary) and around a
 ``FeatureHasher(n_features=2**20)`` (every column, most of which no token
-has). The same GP (defaults, ``random_state=0``) is fitted on both, in
+has). The same GP (defaults, ``random_state=0``, and one prior variance
+for all columns, ``feature_groups=None``: hashed columns have no key to
+group them by) is fitted on both, in
 alternating rounds; ``predict`` and ``predict_marginals`` on the test fold
 are timed after each fit. Printed per data set: the design's columns and
 the model's (columns with inducing variables), fit seconds, milliseconds
@@ -39,6 +42,7 @@ from _common import (
     read_folds,
     seconds_per_call,
     take,
+    token_dicts,
     token_error,
     write_json,
 )
@@ -60,27 +64,6 @@ RATIO_COLUMNS = [
 ]
 
 
-def token_dict(sentence, t):
-    """The features of token ``t`` (sklearn-crfsuite's tutorial, in short)."""
-    word, pos = sentence[t][0], sentence[t][1]
-    features = {
-        "bias": 1.0, "word.lower()": word.lower(), "word[-3:]": word[-3:],
-        "word.isupper()": word.isupper(), "word.istitle()": word.istitle(),
-        "word.isdigit()": word.isdigit(), "postag": pos, "postag[:2]": pos[:2],
-    }
-    for offset, name in ((-1, "-1"), (1, "+1")):
-        if 0 <= t + offset < len(sentence):
-            features[f"{name}:word.lower()"] = sentence[t + offset][0].lower()
-            features[f"{name}:postag"] = sentence[t + offset][1]
-        else:
-            features["BOS" if offset < 0 else "EOS"] = True
-    return features
-
-
-def token_dicts(sentences):
-    return [[token_dict(s, t) for t in range(len(s))] for s in sentences]
-
-
 def fold_zero(data_dir, name):
     """Token dicts and labels of the training and test sequences of fold 0."""
     dataset = DATASETS[name]
@@ -98,7 +81,7 @@ def run_once(vectorizer, data, min_time):
     vectorizer = SequenceDictVectorizer(vectorizer)
     X_train = vectorizer.fit_transform(dicts_train)
     X_test = vectorizer.transform(dicts_test)
-    model = GPStructClassifier(random_state=0)
+    model = GPStructClassifier(random_state=0, feature_groups=None)
     start = time.perf_counter()
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", ConvergenceWarning)

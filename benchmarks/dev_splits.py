@@ -96,6 +96,7 @@ from _common import (
     check_data_dir,
     command_line,
     crfsuite_available,
+    dict_features,
     run_peers,
     take,
     template_features,
@@ -231,18 +232,24 @@ def transition_spread(model, y_train):
     }
 
 
-def splits(name, data_dir):
+def splits(name, data_dir, token_dicts=False):
     """The data set's dev splits: ``(X_train, y_train, X_test, y_test,
-    feature_names)`` for each, features fitted on the training part."""
+    feature_names)`` for each, features fitted on the training part (the
+    CRF++ template's, or with ``token_dicts`` :func:`_common.dict_features`)."""
     tokens, labels, template = dev_pool(data_dir, name)
     n_train, n_test, seed = DEV_SPLITS[name]
     for split in range(N_SPLITS):
         order = np.random.default_rng(seed + split).permutation(len(tokens))
         train = order[:n_train]
         test = order[n_train:] if n_test is None else order[n_train : n_train + n_test]
-        X_train, X_test, names, _ = template_features(
-            template, take(tokens, train), take(tokens, test)
-        )
+        if token_dicts:
+            X_train, X_test, names, _ = dict_features(
+                take(tokens, train), take(tokens, test)
+            )
+        else:
+            X_train, X_test, names, _ = template_features(
+                template, take(tokens, train), take(tokens, test)
+            )
         y_train = [np.asarray(y) for y in take(labels, train)]
         y_test = [np.asarray(y) for y in take(labels, test)]
         yield X_train, y_train, X_test, y_test, names
@@ -304,13 +311,15 @@ def ess_at_learned(model, n_iter, X, y):
 ESS_KEY = "ESS at the learned hyperparameters"
 
 
-def peer_results(name, data_dir):
+def peer_results(name, data_dir, token_dicts=False):
     """The Table 1 peers (:func:`_common.run_peers`: both CRFs when
     sklearn-crfsuite is installed, and the LR) on every split:
     ``{peer label: [result per split]}``."""
     out = {}
     with_crf = crfsuite_available()
-    for X_train, y_train, X_test, y_test, names in splits(name, data_dir):
+    for X_train, y_train, X_test, y_test, names in splits(
+        name, data_dir, token_dicts
+    ):
         results = run_peers(X_train, y_train, X_test, y_test, names, with_crf)
         for key, label in PEERS:
             if key in results:
@@ -319,14 +328,16 @@ def peer_results(name, data_dir):
 
 
 def run(name, params, data_dir, transitions=False, with_calibration=False,
-        variance_scales=(), ess_iterations=None, with_variances=False):
+        variance_scales=(), ess_iterations=None, with_variances=False,
+        token_dicts=False):
     """Errors, fit times and iterations over the splits; with ``transitions``
     also the errors of the fitted and of no transitions (else empty), with
     ``with_calibration`` the :func:`calibration_figures` of every split, with
     ``variance_scales`` the errors of every :func:`frozen_refit`, and with
     ``ess_iterations`` the error of every :func:`ess_at_learned` (and, with
     ``with_calibration``, its calibration under :data:`ESS_KEY`), and with
-    ``with_variances`` every split's :func:`variance_shifts` (else empty)."""
+    ``with_variances`` every split's :func:`variance_shifts` (else empty).
+    ``token_dicts``: features from token dicts (:func:`splits`)."""
     errors, times, iterations, calibrations, shifts = [], [], [], [], []
     variants = (
         {"decoded with fitted transitions": [], "decoded with unaries only": []}
@@ -336,7 +347,7 @@ def run(name, params, data_dir, transitions=False, with_calibration=False,
         variants[f"refit, prior variances x {scale:g} frozen"] = []
     if ess_iterations:
         variants[f"{ESS_KEY}, {ess_iterations} iterations"] = []
-    for X_train, y_train, X_test, y_test, _ in splits(name, data_dir):
+    for X_train, y_train, X_test, y_test, _ in splits(name, data_dir, token_dicts):
         model = GPStructClassifier(**{"random_state": 0, **params})
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", ConvergenceWarning)
@@ -477,6 +488,12 @@ def main(argv=None):
         help="also print where the learned per-template prior variances end, "
         "against their start",
     )
+    parser.add_argument(
+        "--token-dicts", action="store_true",
+        help="features from sklearn-crfsuite-style token dicts through "
+        "SequenceDictVectorizer (columns grouped by key) instead of the "
+        "CRF++ template",
+    )
     args = parser.parse_args(argv)
     if args.ess_at_learned is not None and args.ess_at_learned < 1:
         parser.error(
@@ -487,7 +504,9 @@ def main(argv=None):
     print(f"command: {command_line()}")
     for name in args.datasets:
         if args.peers:
-            for peer, results in peer_results(name, data_dir).items():
+            for peer, results in peer_results(
+                name, data_dir, args.token_dicts
+            ).items():
                 print(
                     f"{name:10s} {peer}: error {_errors([r['error'] for r in results])}"
                     f", NLL {np.mean([r['calibration']['nll'] for r in results]):.3f}"
@@ -498,6 +517,7 @@ def main(argv=None):
             errors, times, iterations, variants, calibrations, shifts = run(
                 name, params, data_dir, args.transitions, args.calibration,
                 args.variance_scales, args.ess_at_learned, args.variances,
+                args.token_dicts,
             )
             print(
                 f"{name:10s} {params or 'defaults'}: error {_errors(errors)}, fit "

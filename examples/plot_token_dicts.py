@@ -9,6 +9,8 @@ sentence by a list of such dicts. The same input works here:
 :class:`~skgpstruct.SequenceDictVectorizer` turns the dicts into one sparse
 matrix per sentence (strings become one-hot ``name=value`` columns, numbers
 and booleans are kept), and :class:`~skgpstruct.GPStructClassifier` tags.
+The vectorizer also groups the columns by the key they come from
+(``feature_groups_``), and the estimator learns one prior variance per key.
 
 The ``word2features`` function below is the one of the sklearn-crfsuite
 tutorial, adapted to the two columns (word, POS tag) of CRF++'s chunking

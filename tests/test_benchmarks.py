@@ -490,7 +490,8 @@ def test_bench_hashed_rows(bench_hashed):
             rng.choice(words, n), rng.choice(tags, n), strict=True)])
         labels.append([["B", "I", "O"][len(w) % 3] for w, _ in sentences[-1]])
     dicts = bench_hashed.token_dicts(sentences)
-    assert dicts[0][0]["BOS"] is True and "-1:postag" not in dicts[0][0]
+    assert dicts[0][0]["BOS"] is True and "-1:c1" not in dicts[0][0]
+    assert dicts[0][0]["c1"] == sentences[0][0][1]
     data = (dicts[:10], labels[:10], dicts[10:], labels[10:])
     rows, ratio = bench_hashed.measure("synthetic", data, rounds=1, min_time=0.01)
     vocabulary, hashed = rows
@@ -653,6 +654,22 @@ def test_calibration_line_adds_the_ess_figures_when_every_split_has_them(dev_spl
     assert dev_splits.ESS_KEY not in dev_splits.calibration_line(
         [split(0.2, 0.3), split(0.4)]
     )
+
+
+def test_dev_splits_from_token_dicts(dev_splits, shared_data_dir):
+    # The same splits (sequences and labels) as with the template, features
+    # from token dicts grouped by key, the vocabulary of the training part.
+    template = list(dev_splits.splits("seg", shared_data_dir))
+    dicts = list(dev_splits.splits("seg", shared_data_dir, token_dicts=True))
+    assert len(dicts) == len(template) == dev_splits.N_SPLITS
+    for (X, y, X_test, y_test, names), (_, y_t, _, y_test_t, _) in zip(
+        dicts, template, strict=True
+    ):
+        for a, b in zip(y + y_test, y_t + y_test_t, strict=True):
+            np.testing.assert_array_equal(a, b)
+        assert X.feature_groups is not None and len(X) == len(y)
+        assert X[0].shape[1] == X_test[0].shape[1] == len(names)
+        assert "word.lower()" in {str(n).split("=")[0] for n in names}
 
 
 def test_dev_splits_refuses_a_chain_of_no_iterations(dev_splits, capsys):

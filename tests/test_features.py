@@ -18,6 +18,7 @@ from skgpstruct.features import (
     expand_crfpp_template,
 )
 from skgpstruct.io import read_conll
+from skgpstruct.kernels import GroupedLinearKernel
 
 # The input of the CRF++ documentation ("Preparing feature templates"); the
 # current token there is "the" (index 2).
@@ -280,6 +281,77 @@ def test_sequence_dict_vectorizer_wraps_feature_hasher_and_clones():
     dense = cloned.fit_transform(TOKEN_DICTS)
     assert isinstance(dense[0], np.ndarray) and dense[0].shape == (2, 4)
 
+
+
+def test_sequence_dict_vectorizer_groups_columns_by_key():
+    # Written out by hand: every column's key, strings one-hot under their
+    # key (lists of strings too, nested dicts as "outer:inner"), numbers and
+    # booleans their own key, a key holding the separator read by the
+    # shortest prefix that took string values.
+    X = [
+        [{"w": "the", "bos": True, "suffix": ["e", "he"], "tag": {"pos": "DT"}},
+         {"w": "a=b", "len": 3, "x=y": "z"}],
+        [{"w": "cat", "x": 2.0}],
+    ]
+    vec = SequenceDictVectorizer()
+    Xt = vec.fit_transform(X)
+    names = vec.get_feature_names_out().tolist()
+    expected_key = {
+        "bos": "bos", "len": "len", "suffix=e": "suffix", "suffix=he": "suffix",
+        "tag:pos=DT": "tag:pos", "w=a=b": "w", "w=cat": "w", "w=the": "w",
+        "x": "x", "x=y=z": "x=y",
+    }
+    assert sorted(names) == sorted(expected_key)
+    keys = vec.feature_group_names_[vec.feature_groups_]
+    assert dict(zip(names, keys, strict=True)) == expected_key
+    assert vec.feature_group_names_.tolist() == sorted(set(expected_key.values()))
+    # The output carries them, as CRFppTemplateVectorizer's does, and so
+    # does transform's; fit alone sets the same.
+    assert isinstance(Xt, FeatureSequences)
+    np.testing.assert_array_equal(Xt.feature_groups, vec.feature_groups_)
+    assert Xt[0].feature_groups is Xt.feature_groups
+    np.testing.assert_array_equal(vec.transform(X).feature_groups, vec.feature_groups_)
+    refit = SequenceDictVectorizer().fit(X)
+    np.testing.assert_array_equal(refit.feature_groups_, vec.feature_groups_)
+
+
+def test_hashed_columns_have_no_groups():
+    vec = SequenceDictVectorizer(FeatureHasher(n_features=16))
+    Xt = vec.fit_transform(TOKEN_DICTS)
+    assert vec.feature_groups_ is None and vec.feature_group_names_ is None
+    assert type(Xt) is list and type(vec.transform(TOKEN_DICTS)) is list
+
+
+def test_the_estimator_learns_one_variance_per_key():
+    # Through a Pipeline: one prior variance per token-dict key, and
+    # feature_groups=None shares one.
+    rng = np.random.default_rng(0)
+    words = ["the", "cat", "sat", "on", "mat", "dog"]
+    X, y = [], []
+    for _ in range(20):
+        n = int(rng.integers(2, 6))
+        seq = [{"w": str(w), "len": len(w), "bos": t == 0}
+               for t, w in enumerate(rng.choice(words, n))]
+        X.append(seq)
+        y.append(["short" if d["len"] == 3 else "long" for d in seq])
+    pipe = make_pipeline(
+        SequenceDictVectorizer(), GPStructClassifier(max_iter=30, random_state=0)
+    )
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        pipe.fit(X, y)
+    vec, model = pipe[0], pipe[-1]
+    assert vec.feature_group_names_.tolist() == ["bos", "len", "w"]
+    assert isinstance(model.kernel_, GroupedLinearKernel)
+    assert model.kernel_.n_groups == 3
+    shared = make_pipeline(
+        SequenceDictVectorizer(),
+        GPStructClassifier(max_iter=30, random_state=0, feature_groups=None),
+    )
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        shared.fit(X, y)
+    assert not isinstance(shared[-1].kernel_, GroupedLinearKernel)
 
 @pytest.mark.parametrize(
     "X, message",
