@@ -448,33 +448,39 @@ def _with_prior_columns(params, X, state, X_prior, prior_scales):
     """A sampling design with more columns whose weights are at their prior.
 
     ``X`` (n_tokens, M - 1), ``state`` (its feature scales, then the
-    bias's) and ``params`` are a design of inducing features and its
-    posterior; the columns of ``X_prior`` (scales ``prior_scales``) are
-    inserted before the bias with the whitened prior (mean 0, standard
-    deviation 1, independent of the rest).
+    bias's) and ``params`` (diagonal covariances) are a design of inducing
+    features and its posterior; the columns of the CSR ``X_prior`` (scales
+    ``prior_scales``) are inserted before the bias with the whitened prior
+    (mean 0, standard deviation 1).
 
     Returns
     -------
     params, X, state
     """
     E = X_prior.shape[1]
-    if sp.issparse(X) or sp.issparse(X_prior):
-        X = sp.hstack([sp.csr_matrix(X), sp.csr_matrix(X_prior)], format="csr")
-    else:
-        X = np.hstack([X, X_prior])
+    X = sp.hstack([sp.csr_matrix(X), X_prior], format="csr")
     state = np.concatenate([state[:-1], prior_scales, state[-1:]])
-    K, V, M = params.q_mu.shape
-    mu = np.concatenate(
-        [params.q_mu[..., :-1], np.zeros((K, V, E)), params.q_mu[..., -1:]], axis=-1
-    )
-    place = np.append(np.arange(M - 1), M - 1 + E)
-    if params.full_covariance:
-        sqrt = np.broadcast_to(np.eye(M + E), (K, V, M + E, M + E)).copy()
-        sqrt[..., place[:, None], place[None, :]] = params.q_sqrt
-    else:
-        sqrt = np.ones((K, V, M + E))
-        sqrt[..., place] = params.q_sqrt
-    return dataclasses.replace(params, q_mu=mu, q_sqrt=sqrt), X, state
+    K, V, _ = params.q_mu.shape
+    out = [
+        np.concatenate([a[..., :-1], np.full((K, V, E), fill), a[..., -1:]], axis=-1)
+        for a, fill in ((params.q_mu, 0.0), (params.q_sqrt, 1.0))
+    ]
+    return dataclasses.replace(params, q_mu=out[0], q_sqrt=out[1]), X, state
+
+
+def _add_prior_weights(unary, weighted, rng):
+    """Add to a sequence's unary samples (K, S, T, V), in place, those of
+    weights at their prior: ``weighted`` (T, E) CSR holds the tokens'
+    values times the weights' prior standard deviations; one standard
+    normal weight per active column, label, component and sample, drawn
+    from ``rng``."""
+    columns = np.unique(weighted.indices)
+    if columns.size == 0:
+        return
+    K, S, T, V = unary.shape
+    z = rng.standard_normal((columns.size, K * S * V))
+    f = np.asarray(weighted[:, columns] @ z).reshape(T, K, S, V)
+    unary += f.transpose(1, 2, 0, 3)
 
 
 def _centred(X, mean):
@@ -2179,7 +2185,7 @@ GroupedLinearKernel`: automatic relevance determination per group).
         ]
         S = len(pairwise)
         marg = np.zeros((X_c.shape[0], V))
-        sampled, X_s, inducing, state = self._sampling_design(params, X_c)
+        sampled, X_s, inducing, state, prior = self._sampling_design(params, X_c)
         # Runs of sequences sampled together: a long one alone, in blocks.
         for n0, n1, block in _sample_blocks(np.diff(offsets), K, S, V):
             t0, t1 = offsets[n0], offsets[n1]
@@ -2191,7 +2197,7 @@ GroupedLinearKernel`: automatic relevance determination per group).
                 with np.errstate(over="ignore", invalid="ignore"):  # refused below
                     unary = self._unary_samples(
                         sampled, X_s[t0:t1], part_offsets, s1 - s0, rngs[n0:n1],
-                        inducing, state,
+                        inducing, state, None if prior is None else prior[t0:t1],
                     )
                 _check_potentials(
                     unary, pairwise[s0:s1], part_offsets, X_c[t0:t1], "sampled"
@@ -2207,7 +2213,7 @@ GroupedLinearKernel`: automatic relevance determination per group).
         return split_by_offsets(marg, offsets)
 
     def _unary_samples(self, params, X_c, offsets, S, rngs, inducing=None,
-                       state=None):
+                       state=None, prior=None):
         """Posterior samples (K, S, n_tokens, V) of a chunk's unary potentials,
         each sequence's from its own generator in ``rngs``.
 
@@ -2260,17 +2266,25 @@ GroupedLinearKernel`: automatic relevance determination per group).
             unary[:, :, t0:t1], _, _ = sample_unary(
                 params, one, residual_sd[t0:t1], S, rng
             )
+            if prior is not None:
+                _add_prior_weights(unary[:, :, t0:t1], prior[t0:t1], rng)
         return unary
 
     def _sampling_design(self, params, X_c):
-        """``(params, X, inducing, state)`` that ``predict_marginals``
+        """``(params, X, inducing, state, prior)`` that ``predict_marginals``
         samples a chunk's unaries with.
 
         The model's own, unless the fit collapsed the lone features: then
         the collapsed posterior itself, on a design of the chunk's tokens
         built for it (:meth:`CollapsedFeatures.sampling_design`): the
         per-feature marginals (``q_mu_``, ``q_sqrt_``) drop the lone
-        weights' correlation.
+        weights' correlation. The chunk's columns that no training token
+        had (no inducing variable) have their weights at the prior: with
+        diagonal covariances inserted into the design, with full ones
+        returned as ``prior``, the CSR (n_tokens, n_columns) of their values
+        times their scales, which :meth:`_unary_samples` adds draws of (a
+        full factor padded with them would take (M + n_columns)^2 floats per
+        label); None when there are none.
         """
         inducing, state = self.inducing_, self._inducing_state
         X_s = inducing.select(X_c)
@@ -2283,17 +2297,20 @@ GroupedLinearKernel`: automatic relevance determination per group).
             )
             params = dataclasses.replace(params, q_mu=q_mu, q_sqrt=q_sqrt)
             inducing = InducingFeatures(X_s.shape[1])
-        prior = self.inducing_.prior_columns(X_c)
-        if prior.size:
-            # The chunk's columns no training token had: weights at their
-            # prior, sampled as the full model would.
-            scales = self.inducing_.design_scales(self.kernel_)[prior]
-            params, X_s, state = _with_prior_columns(
-                params, X_s, state, canonical_csr(X_c)[:, prior]
-                if sp.issparse(X_c) else X_c[:, prior], scales,
-            )
-            inducing = InducingFeatures(X_s.shape[1])
-        return params, X_s, inducing, state
+        columns = self.inducing_.prior_columns(X_c)
+        if columns.size == 0:
+            return params, X_s, inducing, state, None
+        # The chunk's columns no training token had: weights at their
+        # prior, sampled as the full model would.
+        scales = self.inducing_.design_scales(self.kernel_)[columns]
+        X_prior = (
+            canonical_csr(X_c)[:, columns] if sp.issparse(X_c)
+            else sp.csr_matrix(X_c[:, columns])
+        )
+        if params.full_covariance:
+            return params, X_s, inducing, state, X_prior.multiply(scales).tocsr()
+        params, X_s, state = _with_prior_columns(params, X_s, state, X_prior, scales)
+        return params, X_s, InducingFeatures(X_s.shape[1]), state, None
 
     def _predict_marginals_ess(self, sequences):
         """GPstruct's prediction: marginals averaged over the kept samples of

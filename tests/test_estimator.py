@@ -701,7 +701,10 @@ def test_predict_marginals_sample_the_collapsed_posterior_that_was_fitted():
     apart = marginal > 1.15 * exact  # where the test can tell them apart
     assert apart.sum() >= 10
     X_c, offsets = stack_sequences(X)
-    params, X_s, inducing, state = model._sampling_design(model._params(), X_c)
+    params, X_s, inducing, state, prior = model._sampling_design(
+        model._params(), X_c
+    )
+    assert prior is None  # (the training tokens: no column without a variable)
     S = 20000
     rngs = [np.random.default_rng(i) for i in range(n_seq)]
     unary = model._unary_samples(params, X_s, offsets, S, rngs, inducing, state)
