@@ -430,6 +430,14 @@ def _with_new_columns(inducing, X, q_mu, q_sqrt):
     # Old variables at their new places; the bias stays last.
     place = np.append(np.searchsorted(columns, inducing.columns), columns.size)
     K, V, M = q_mu.shape[0], q_mu.shape[1], grown.n_inducing
+    if q_sqrt.ndim == 4 and M > _MAX_FULL_FEATURES:
+        raise ValueError(
+            f"covariance='full' with inducing='features': this data activates "
+            f"{new.size} features the model has no variable for, which would "
+            f"make its factor ({M} x {M}) per label (M must be <= "
+            f"{_MAX_FULL_FEATURES}); fit afresh with covariance='diag' or "
+            "inducing points"
+        )
     mu = np.zeros((K, V, M))
     mu[..., place] = q_mu
     if q_sqrt.ndim == 3:

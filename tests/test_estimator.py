@@ -1822,6 +1822,23 @@ def test_continued_fits_add_the_columns_new_data_activates(covariance):
     assert_clearly_better_than_chance(y_test, model.predict(X_test_moved))
 
 
+def test_continued_full_covariance_fits_refuse_too_many_new_columns(monkeypatch):
+    X, y, _, _ = split(sparse=True)
+    n = X[0].shape[1]
+    wide = [sp.hstack([x, sp.csr_matrix((x.shape[0], n))], format="csr") for x in X]
+    moved = [sp.hstack([sp.csr_matrix(x.shape), x], format="csr") for x in X]
+    model = GPStructClassifier(
+        covariance="full", inducing="features", warm_start=True, **FAST
+    ).fit(wide, y)
+    # The limit on the factor's size, lowered to what the first fit has.
+    monkeypatch.setattr(
+        estimator_module, "_MAX_FULL_FEATURES", model.q_mu_.shape[-1]
+    )
+    with pytest.raises(ValueError, match=r"activates \d+ features the model has "
+                       r"no variable for.*covariance='diag'"):
+        model.fit(moved, y)
+
+
 def test_partial_fit_adds_the_columns_of_later_pieces():
     X, y, X_test, y_test = split(sparse=True, noise=0.2)
     n = X[0].shape[1]
