@@ -1933,7 +1933,7 @@ GroupedLinearKernel`: automatic relevance determination per group).
                     "inducing points (the number of features active at a "
                     f"training token + 1 must be <= {_MAX_FULL_FEATURES})"
                 )
-            if 0 < columns.size < n_features:
+            if columns.size < n_features:
                 return InducingFeatures(n_features, columns=columns)
             return InducingFeatures(n_features)
         chosen = select_inducing_points(X_all, kernel, self.n_inducing, method, rng)

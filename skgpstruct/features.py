@@ -636,14 +636,17 @@ def _groups_by_key(names, keyed, separator):
     """(feature_groups, group_names): every column's token-dict key.
 
     A column named ``key<separator>value`` belongs to ``key`` when ``key``
-    took string values (the shortest such prefix); any other column (a
-    numeric or boolean value) is its own key. Groups are numbered in the
-    keys' sorted order.
+    took string values (the shortest such prefix); any other column named
+    with the separator to what precedes its first one (a feature name
+    ``"w=the"`` of a token given as a list of strings, whose value is 1.0,
+    belongs to ``"w"``); a column without it (a numeric or boolean value)
+    is its own key. Groups are numbered in the keys' sorted order.
     """
     keys = []
     for name in names:
-        key, start = name, name.find(separator)
-        while start > 0:
+        first = start = name.find(separator)
+        key = name if first < 0 else name[:first]
+        while start >= 0:
             if name[:start] in keyed:
                 key = name[:start]
                 break
@@ -682,9 +685,11 @@ class SequenceDictVectorizer(
 
     With a ``DictVectorizer`` the columns are grouped by the token-dict key
     they come from (``"word.lower()=the"`` and ``"word.lower()=cat"`` are
-    the key ``"word.lower()"``; a numeric or boolean feature is its own
-    key), and the output carries the groups (``feature_groups``) as
-    :class:`CRFppTemplateVectorizer`'s carries its templates:
+    the key ``"word.lower()"``, and so are the feature names
+    ``"word.lower()=the"`` of tokens given as lists of strings; a numeric or
+    boolean feature is its own key), and the output carries the groups
+    (``feature_groups``) as :class:`CRFppTemplateVectorizer`'s carries its
+    templates:
     :class:`~skgpstruct.GPStructClassifier` (``feature_groups="auto"``, the
     default) then learns one prior variance per key. On the dev splits of
     the four CRF++ sets, with sklearn-crfsuite-style token dicts, that
@@ -692,7 +697,11 @@ class SequenceDictVectorizer(
     11.39 / 13.56 / 4.40 % (basenp / chunking / seg / JapaneseNE) for
     about twice the fit time (see :doc:`/benchmarks`, "Token dicts").
     ``GPStructClassifier(feature_groups=None)`` shares one variance.
-    Hashed columns (``FeatureHasher``) have no key: no groups.
+    Hashed columns (``FeatureHasher``) have no key: no groups. Dense output
+    (``DictVectorizer(sparse=False)``) carries the groups on its list only:
+    the plain lists of its arrays that cross-validation splitters take do
+    not, so compute such features inside the ``Pipeline``, or keep them
+    sparse (each sparse matrix carries the groups too).
 
     Parameters
     ----------
@@ -779,12 +788,14 @@ class SequenceDictVectorizer(
         self.feature_groups_ = self.feature_group_names_ = None
         vectorizer = self.vectorizer_
         separator = getattr(vectorizer, "separator", None)
+        vocabulary = getattr(vectorizer, "vocabulary_", None)
         if not (isinstance(separator, str) and separator and hasattr(
-            vectorizer, "vocabulary_"
-        )):
+            vocabulary, "__len__"
+        ) and hasattr(vectorizer, "get_feature_names_out")):
             return
+        # (a vectorizer only resembling DictVectorizer: no groups)
         names = vectorizer.get_feature_names_out()
-        if len(names):
+        if 0 < len(names) == len(vocabulary):
             self.feature_groups_, self.feature_group_names_ = _groups_by_key(
                 [str(name) for name in names], _keyed_names(flat), separator
             )

@@ -1839,6 +1839,23 @@ def test_continued_full_covariance_fits_refuse_too_many_new_columns(monkeypatch)
         model.fit(moved, y)
 
 
+@pytest.mark.parametrize("covariance", ["diag", "full"])
+def test_training_tokens_without_features_give_the_bias_alone(covariance):
+    # No column active at a training token: only the bias has a variable
+    # (a variable per column asked 8 TiB for the full factor over 2**20).
+    y = [np.array([0, 1, 0, 1, 1])] * 4
+    X = [sp.csr_matrix((5, 2**20))] * 4
+    model = GPStructClassifier(
+        covariance=covariance, inducing="features", max_iter=5, random_state=0
+    )
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ConvergenceWarning)
+        model.fit(X, y)
+    assert model.q_mu_.shape == (1, 2, 1) and model.inducing_.columns.size == 0
+    marginals = model.predict_marginals([sp.csr_matrix(np.eye(3, 2**20))])
+    np.testing.assert_allclose(marginals[0].sum(axis=1), 1.0)
+
+
 def test_partial_fit_adds_the_columns_of_later_pieces():
     X, y, X_test, y_test = split(sparse=True, noise=0.2)
     n = X[0].shape[1]

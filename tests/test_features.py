@@ -313,6 +313,33 @@ def test_sequence_dict_vectorizer_groups_columns_by_key():
     np.testing.assert_array_equal(vec.transform(X).feature_groups, vec.feature_groups_)
     refit = SequenceDictVectorizer().fit(X)
     np.testing.assert_array_equal(refit.feature_groups_, vec.feature_groups_)
+    # Tokens as lists of feature names (python-crfsuite's format): a name's
+    # key precedes its first separator; the empty key is a key.
+    vec = SequenceDictVectorizer().fit(
+        [[["bias", "w=the", "pos=DT"], ["bias", "w=cat", "w=x=y"]],
+         [{"": "a", "=w": "b"}]]
+    )
+    keys = vec.feature_group_names_[vec.feature_groups_]
+    assert dict(zip(vec.get_feature_names_out().tolist(), keys, strict=True)) == {
+        "bias": "bias", "w=the": "w", "pos=DT": "pos", "w=cat": "w", "w=x=y": "w",
+        "=a": "", "=w=b": "",  # (ambiguous: the shortest key that took strings)
+    }
+
+
+class _DictLike(DictVectorizer):
+    """A DictVectorizer without feature names."""
+
+    def __getattribute__(self, name):
+        if name == "get_feature_names_out":
+            raise AttributeError(name)
+        return super().__getattribute__(name)
+
+
+def test_vectorizers_only_resembling_dict_vectorizer_give_no_groups():
+    vec = SequenceDictVectorizer(_DictLike())
+    Xt = vec.fit_transform(TOKEN_DICTS)
+    assert vec.feature_groups_ is None and type(Xt) is list
+    assert [m.shape for m in Xt] == [(2, 4), (1, 4)]
 
 
 def test_hashed_columns_have_no_groups():
