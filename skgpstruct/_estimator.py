@@ -45,6 +45,7 @@ from .inference.inducing import (
     InducingFeatures,
     InducingPoints,
     Projection,
+    active_columns,
     distinct_rows,
     select_inducing_points,
 )
@@ -403,15 +404,6 @@ FEATURE_MAGNITUDES = (1e-32, 1e32)
 #: training tokens are centred under the kernels that centre dense features
 #: (see GPStructClassifier._feature_mean).
 DENSE_COLUMN_SHARE = 0.5
-
-
-def _active_columns(X):
-    """The columns of ``X`` with a nonzero entry, increasing (a stored zero
-    is not one)."""
-    if sp.issparse(X):
-        X = canonical_csr(X)
-        return np.unique(X.indices[X.data != 0]).astype(np.int64)
-    return np.flatnonzero(np.any(X != 0, axis=0)).astype(np.int64)
 
 
 def _with_new_columns(inducing, X, q_mu, q_sqrt):
@@ -972,7 +964,8 @@ CollapsedFeatures`). The posterior family is richer than the mean-field
         ``partial_fit`` (a collapsed variable belongs to one training
         token, and the next piece has other tokens), nor by stochastic fits
         with ``warm_start=True`` (SAGA's state, which the next such fit
-        continues, is kept per feature). False keeps one variable per feature and label.
+        continues, is kept per feature). False keeps one variable per
+        feature and label.
     n_predict_samples : int, default=32
         Posterior samples averaged by :meth:`predict_marginals`.
     pairwise_uncertainty : bool, default=False
@@ -1924,7 +1917,7 @@ GroupedLinearKernel`: automatic relevance determination per group).
             # of 2**20), the others sampled at their prior by
             # predict_marginals.
             n_features = X_all.shape[1]
-            columns = _active_columns(X_all)
+            columns = active_columns(X_all)
             M = columns.size + 1
             if self.covariance == "full" and M > _MAX_FULL_FEATURES:
                 raise ValueError(
@@ -1933,9 +1926,9 @@ GroupedLinearKernel`: automatic relevance determination per group).
                     "inducing points (the number of features active at a "
                     f"training token + 1 must be <= {_MAX_FULL_FEATURES})"
                 )
-            if columns.size < n_features:
-                return InducingFeatures(n_features, columns=columns)
-            return InducingFeatures(n_features)
+            return InducingFeatures(
+                n_features, columns=None if columns.size == n_features else columns
+            )
         chosen = select_inducing_points(X_all, kernel, self.n_inducing, method, rng)
         return InducingPoints(X_all[chosen])
 

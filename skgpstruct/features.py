@@ -628,7 +628,7 @@ def _keyed_names(flat):
     for a DictVectorizer (strings, and iterables of strings), as a set."""
     return {
         key for token in flat for key, value in token.items()
-        if not isinstance(value, Number | bool) and value is not None
+        if not isinstance(value, Number) and value is not None
     }
 
 

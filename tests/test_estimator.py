@@ -1681,8 +1681,8 @@ def test_collapsed_fit_gives_every_feature_a_posterior(lone_data, monkeypatch):
 
 def spread_columns(X, n_design, seed=0):
     """``X`` (CSR sequences) in a design of ``n_design`` columns, its own
-    columns in their order at random places, the others active nowhere;
-    returns (sequences, places)."""
+    columns in their order at random places (the same for the same seed),
+    the others active nowhere; returns (sequences, places)."""
     n = X[0].shape[1]
     place = np.sort(np.random.default_rng(seed).choice(n_design, n, replace=False))
     out = []
@@ -1700,10 +1700,8 @@ def test_columns_no_training_token_has_cost_nothing():
     # predicts as on the design without the empty columns.
     X, y, X_test, _ = split(sparse=True)
     X_wide, place = spread_columns(X, 5000)
-    X_test_wide = [
-        sp.csr_matrix((x.data, place[x.indices], x.indptr), shape=(x.shape[0], 5000))
-        for x in map(sp.csr_matrix, X_test)
-    ]
+    X_test_wide, test_place = spread_columns(X_test, 5000)
+    np.testing.assert_array_equal(test_place, place)
     narrow = GPStructClassifier(**FAST).fit(X, y)
     wide = GPStructClassifier(**FAST).fit(X_wide, y)
     assert narrow.inducing_.columns is None
@@ -1714,6 +1712,16 @@ def test_columns_no_training_token_has_cost_nothing():
     np.testing.assert_allclose(wide.q_mu_, narrow.q_mu_, rtol=1e-6, atol=1e-9)
     for a, b in zip(wide.predict(X_test_wide), narrow.predict(X_test), strict=True):
         np.testing.assert_array_equal(a, b)
+
+
+def side_by_side(X):
+    """``(first, second)``: the sequences ``X`` with twice their columns,
+    their features in the first half, or in the second half."""
+    X = [sp.csr_matrix(x) for x in X]
+    return (
+        [sp.hstack([x, sp.csr_matrix(x.shape)], format="csr") for x in X],
+        [sp.hstack([sp.csr_matrix(x.shape), x], format="csr") for x in X],
+    )
 
 
 def _full_width_reference(model):
@@ -1753,7 +1761,7 @@ def test_columns_without_a_variable_are_sampled_at_their_prior(covariance, lone_
         X = [x[:, : N_FEATURES] for x in X]
         X_test = [x[:, : N_FEATURES] for x in X_test]
         X, _ = spread_columns(X, 40)
-        X_test, _ = spread_columns(X_test, 40)
+        X_test, _ = spread_columns(X_test, 40)  # (the same places)
         options.update(covariance="full", inducing="features")
     model = GPStructClassifier(**options).fit(X, y)
     assert model.inducing_.columns is not None
@@ -1784,9 +1792,8 @@ def test_continued_fits_add_the_columns_new_data_activates(covariance):
     X, y, X_test, y_test = split(sparse=True, noise=0.2)
     n = X[0].shape[1]
     active = np.flatnonzero(sp.vstack(X).getnnz(axis=0))
-    wide = [sp.hstack([x, sp.csr_matrix((x.shape[0], n))], format="csr") for x in X]
     # Second data: the same tokens with their features in the new columns.
-    moved = [sp.hstack([sp.csr_matrix(x.shape), x], format="csr") for x in X]
+    wide, moved = side_by_side(X)
     options = dict(FAST, covariance=covariance, inducing="features")
     model = GPStructClassifier(**options).fit(wide, y)
     np.testing.assert_array_equal(model.inducing_.columns, active)
@@ -1807,10 +1814,7 @@ def test_continued_fits_add_the_columns_new_data_activates(covariance):
         np.testing.assert_allclose(cov(grown.q_sqrt_), cov(reference.q_sqrt_))
     else:
         np.testing.assert_array_equal(grown.q_sqrt_, reference.q_sqrt_)
-    X_test_moved = [
-        sp.hstack([sp.csr_matrix(x.shape), sp.csr_matrix(x)], format="csr")
-        for x in X_test
-    ]
+    _, X_test_moved = side_by_side(X_test)
     before = token_accuracy(y_test, model.predict(X_test_moved))
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", ConvergenceWarning)
@@ -1824,9 +1828,7 @@ def test_continued_fits_add_the_columns_new_data_activates(covariance):
 
 def test_continued_full_covariance_fits_refuse_too_many_new_columns(monkeypatch):
     X, y, _, _ = split(sparse=True)
-    n = X[0].shape[1]
-    wide = [sp.hstack([x, sp.csr_matrix((x.shape[0], n))], format="csr") for x in X]
-    moved = [sp.hstack([sp.csr_matrix(x.shape), x], format="csr") for x in X]
+    wide, moved = side_by_side(X)
     model = GPStructClassifier(
         covariance="full", inducing="features", warm_start=True, **FAST
     ).fit(wide, y)
@@ -1860,8 +1862,7 @@ def test_partial_fit_adds_the_columns_of_later_pieces():
     X, y, X_test, y_test = split(sparse=True, noise=0.2)
     n = X[0].shape[1]
     active = np.flatnonzero(sp.vstack(X).getnnz(axis=0))
-    first = [sp.hstack([x, sp.csr_matrix((x.shape[0], n))], format="csr") for x in X]
-    second = [sp.hstack([sp.csr_matrix(x.shape), x], format="csr") for x in X]
+    first, second = side_by_side(X)
     model = GPStructClassifier(optimizer="stochastic", batch_size=5, **FAST)
     model.partial_fit(first, y, classes=np.arange(N_CLASSES))
     np.testing.assert_array_equal(model.inducing_.columns, active)
@@ -1869,10 +1870,7 @@ def test_partial_fit_adds_the_columns_of_later_pieces():
         model.partial_fit(second, y)
     grown = np.append(active, n + active)
     np.testing.assert_array_equal(model.inducing_.columns, grown)
-    X_test_second = [
-        sp.hstack([sp.csr_matrix(x.shape), sp.csr_matrix(x)], format="csr")
-        for x in X_test
-    ]
+    _, X_test_second = side_by_side(X_test)
     assert_clearly_better_than_chance(y_test, model.predict(X_test_second))
 
 

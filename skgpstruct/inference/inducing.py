@@ -318,6 +318,15 @@ class FeatureLayout:
     split: RowSplit
 
 
+def active_columns(X):
+    """The columns of ``X`` with a nonzero entry, increasing, as int64 (a
+    stored zero is not one)."""
+    if sp.issparse(X):
+        X = canonical_csr(X)
+        return np.unique(X.indices[X.data != 0]).astype(np.int64)
+    return np.flatnonzero(np.any(np.asarray(X) != 0, axis=0)).astype(np.int64)
+
+
 class InducingPoints:
     """Inducing inputs Z among the tokens: ``u_j = f_j(Z)``, whitened.
 
@@ -496,12 +505,7 @@ class InducingFeatures:
         no inducing variable: sorted, empty when all columns have one."""
         if self.columns is None:
             return np.zeros(0, dtype=np.int64)
-        if sp.issparse(X):
-            X = canonical_csr(X)
-            active = np.unique(X.indices[X.data != 0])
-        else:
-            active = np.flatnonzero(np.any(np.asarray(X) != 0, axis=0))
-        return np.setdiff1d(active, self.columns, assume_unique=True)
+        return np.setdiff1d(active_columns(X), self.columns, assume_unique=True)
 
     def design_scales(self, kernel):
         """The kernel's scales of every column of the design, then the bias's."""
