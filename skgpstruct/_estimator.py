@@ -2303,7 +2303,7 @@ GroupedLinearKernel`: automatic relevance determination per group).
             return params, X_s, inducing, state, None
         # The chunk's columns no training token had: weights at their
         # prior, sampled as the full model would.
-        scales = self.inducing_.design_scales(self.kernel_)[columns]
+        scales = self.inducing_.design_scales(self.kernel_, columns)[:-1]
         X_prior = (
             canonical_csr(X_c)[:, columns] if sp.issparse(X_c)
             else sp.csr_matrix(X_c[:, columns])

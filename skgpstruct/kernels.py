@@ -773,6 +773,25 @@ class _FeatureMapKernel(Kernel):
     def _scales_vjp(self, d_scales):
         raise NotImplementedError
 
+    def _column_scales(self, n_features, columns):
+        """``feature_scales(n_features)`` at ``columns``, then the offset's.
+
+        Inducing features over a few active columns of a wide design (2**20
+        hashed columns) call this and :meth:`_column_scales_vjp` at every
+        ELBO evaluation; subclasses override both to cost the columns asked
+        for, not the design's width.
+        """
+        scales = self._scales(n_features)
+        return np.append(scales[columns], scales[-1])
+
+    def _column_scales_vjp(self, d_scales, n_features, columns):
+        """``feature_scales_vjp`` of a gradient with respect to
+        :meth:`_column_scales` (zero at the other columns)."""
+        full = np.zeros(n_features + 1)
+        full[columns] = d_scales[:-1]
+        full[-1] = d_scales[-1]
+        return self._scales_vjp(full)
+
 
 class LinearKernel(_FeatureMapKernel):
     r"""Linear (dot-product) kernel with a bias.
@@ -905,6 +924,14 @@ class LinearKernel(_FeatureMapKernel):
         grad_v = 0.5 * np.dot(d_scales, scales)
         grad_b = 0.5 * d_scales[-1] * scales[-1]
         return _select_free([grad_v, grad_b], [free_v, free_b])
+
+    # Every column has the same scale, and the VJP needs the gradient's
+    # entries only where it is not zero.
+    def _column_scales(self, n_features, columns):
+        return self._scales(len(columns))
+
+    def _column_scales_vjp(self, d_scales, n_features, columns):
+        return self._scales_vjp(d_scales)
 
 
 class GroupedLinearKernel(_FeatureMapKernel):
@@ -1076,13 +1103,18 @@ class GroupedLinearKernel(_FeatureMapKernel):
     def _set_hyperparameter(self, name, value):
         setattr(self, name, value)
 
-    def _column_variance(self, n_features):
+    def _column_positions(self, n_features):
+        """Every column's group as a position in :attr:`group_ids`, checked
+        against the design's ``n_features``."""
         groups = self._groups()
         if groups.size != n_features:
             raise ValueError(
                 f"groups has {groups.size} entries but X has {n_features} features"
             )
-        return self._values()[0][self._group_positions()[1]]
+        return self._group_positions()[1]
+
+    def _column_variance(self, n_features):
+        return self._values()[0][self._column_positions(n_features)]
 
     def _scaled(self, X):
         scale = np.sqrt(self._column_variance(X.shape[1]))
@@ -1099,9 +1131,13 @@ class GroupedLinearKernel(_FeatureMapKernel):
         sq = X.multiply(X) if sp.issparse(X) else X * X
         return np.asarray(sq @ col_var).ravel() + self._values()[1]
 
-    def _group_sums(self, per_column):
-        group_ids, position = self._group_positions()
-        return np.bincount(position, weights=per_column, minlength=group_ids.size)
+    def _group_sums(self, per_column, positions=None):
+        """Sums of ``per_column`` by group; ``positions``: the entries' groups
+        (as positions in :attr:`group_ids`) when not every column's."""
+        group_ids, every_column = self._group_positions()
+        if positions is None:
+            positions = every_column
+        return np.bincount(positions, weights=per_column, minlength=group_ids.size)
 
     def _gradient_vjp(self, X, Y, G):
         variance, bias = self._values()
@@ -1132,15 +1168,28 @@ class GroupedLinearKernel(_FeatureMapKernel):
         return _select_free([grad_v, grad_b], [free_v, free_b])
 
     def _scales(self, n_features):
-        _, bias = self._values()
-        return np.sqrt(np.append(self._column_variance(n_features), bias))
+        return self._column_scales(n_features, None)
 
     def _scales_vjp(self, d_scales):
+        return self._column_scales_vjp(d_scales, d_scales.size - 1, None)
+
+    def _column_scales(self, n_features, columns):
+        variance, bias = self._values()
+        positions = self._column_positions(n_features)
+        if columns is not None:
+            positions = positions[columns]
+        return np.sqrt(np.append(variance[positions], bias))
+
+    def _column_scales_vjp(self, d_scales, n_features, columns):
+        # columns None: every column
         free_v, free_b = self._free_flags()
-        scales = self._scales(d_scales.size - 1)
+        positions = self._column_positions(n_features)
+        if columns is not None:
+            positions = positions[columns]
+        scales = self._column_scales(n_features, columns)
         # scale = sqrt(var)  =>  d scale / d log var = scale / 2
         per_column = 0.5 * d_scales[:-1] * scales[:-1]
-        grad_v = self._group_sums(per_column)
+        grad_v = self._group_sums(per_column, positions)
         grad_b = 0.5 * d_scales[-1] * scales[-1]
         return _select_free([grad_v, grad_b], [free_v, free_b])
 

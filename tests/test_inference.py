@@ -170,6 +170,40 @@ def _problem(
     return objective, layout, x0
 
 
+class _FeatureMapOnly:
+    """A kernel of another hierarchy: the two public feature-map methods only."""
+
+    def __init__(self, kernel):
+        self.kernel = kernel
+
+    def feature_scales(self, n_features):
+        return self.kernel.feature_scales(n_features)
+
+    def feature_scales_vjp(self, d_scales):
+        return self.kernel.feature_scales_vjp(d_scales)
+
+
+@pytest.mark.parametrize("features", ["columns", "collapsed columns"])
+def test_inducing_columns_with_any_feature_map_kernel(features):
+    # The linear kernels give the scales of the inducing features' columns
+    # alone; another kernel with a feature map is asked for the whole
+    # design's, restricted afterwards: the same scales and theta gradients.
+    objective, _, _ = _problem(
+        "grouped", features="collapsed" if "collapsed" in features else True,
+        n_features=40, design_columns=55,
+    )
+    inducing, kernel = objective.inducing, objective.kernel
+    other = _FeatureMapOnly(kernel)
+    scales = inducing.prepare(kernel)
+    assert scales.size == inducing.n_inducing
+    np.testing.assert_array_equal(inducing.prepare(other), scales)
+    d_scales = np.random.default_rng(2).normal(size=scales.size)
+    np.testing.assert_allclose(
+        inducing.finish_gradient(other, scales, d_scales),
+        inducing.finish_gradient(kernel, scales, d_scales), rtol=1e-13,
+    )
+
+
 @pytest.mark.parametrize(
     "kernel_name, K, full, features",
     [
@@ -190,6 +224,7 @@ def _problem(
         # inducing variables for the design's active columns only
         ("grouped", 1, False, "columns"),
         ("grouped", 1, True, "columns"),
+        ("linear", 1, False, "columns"),
         ("grouped", 2, False, "collapsed columns"),
     ],
 )

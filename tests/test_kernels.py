@@ -815,6 +815,35 @@ def test_linear_feature_map_matches_kernel_and_gradient():
         )
 
 
+@pytest.mark.parametrize("grouped", [False, True])
+def test_feature_map_of_some_columns_is_the_whole_designs_there(grouped):
+    # Inducing features over the active columns of a wide design (hashed
+    # features) ask the linear kernels for those columns' scales and the VJP
+    # of a gradient on them: the same as the whole design's with the other
+    # columns' gradient zero, at the cost of the columns asked for.
+    rng = np.random.default_rng(5)
+    n, columns = 9, np.array([1, 4, 5, 8])
+    kernel = (
+        GroupedLinearKernel([3, 0, 3, 1, 0, 1, 1, 3, 0], variance=[0.5, 2.0, 1.5],
+                            bias=0.3)
+        if grouped else LinearKernel(variance=1.7, bias=0.4)
+    )
+    whole = kernel.feature_scales(n)
+    np.testing.assert_array_equal(
+        kernel._column_scales(n, columns), np.append(whole[columns], whole[-1])
+    )
+    d_scales = rng.normal(size=columns.size + 1)
+    spread = np.zeros(n + 1)
+    spread[columns], spread[-1] = d_scales[:-1], d_scales[-1]
+    np.testing.assert_allclose(
+        kernel._column_scales_vjp(d_scales, n, columns),
+        kernel.feature_scales_vjp(spread), rtol=1e-13,
+    )
+    if grouped:
+        with pytest.raises(ValueError, match="groups has 9 entries but X has 8"):
+            kernel._column_scales(8, columns)
+
+
 def test_grouped_linear_refuses_bad_groups():
     from skgpstruct.kernels import GroupedLinearKernel
 

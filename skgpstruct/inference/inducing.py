@@ -8,6 +8,7 @@ from scipy import linalg
 
 from .._linalg import cholesky_backward, jitter_cholesky
 from .._sequences import canonical_csr, without_stored_zeros
+from ..kernels import _FeatureMapKernel
 
 __all__ = [
     "distinct_rows",
@@ -507,18 +508,33 @@ class InducingFeatures:
             return np.zeros(0, dtype=np.int64)
         return np.setdiff1d(active_columns(X), self.columns, assume_unique=True)
 
-    def design_scales(self, kernel):
-        """The kernel's scales of every column of the design, then the bias's."""
-        return kernel.feature_scales(self.n_design_features)
+    def design_scales(self, kernel, columns=None):
+        """The kernel's scales of the design's ``columns`` (every column when
+        None), then the bias's.
 
-    def _design_gradient(self, d_scales):
-        """A gradient w.r.t. :meth:`prepare`'s scales, w.r.t. the design's."""
+        The linear kernels of :mod:`skgpstruct.kernels` compute the columns
+        asked for only; another kernel with a feature map, the whole design's
+        scales.
+        """
+        n = self.n_design_features
+        if columns is None:
+            return kernel.feature_scales(n)
+        if isinstance(kernel, _FeatureMapKernel):
+            return kernel._column_scales(n, columns)
+        scales = kernel.feature_scales(n)
+        return np.append(scales[columns], scales[-1])
+
+    def _design_vjp(self, kernel, d_scales):
+        """Gradient in theta from the gradient w.r.t. :meth:`prepare`'s scales."""
         if self.columns is None:
-            return d_scales
-        out = np.zeros(self.n_design_features + 1)
-        out[self.columns] = d_scales[:-1]
-        out[-1] = d_scales[-1]
-        return out
+            return kernel.feature_scales_vjp(d_scales)
+        n = self.n_design_features
+        if isinstance(kernel, _FeatureMapKernel):
+            return kernel._column_scales_vjp(d_scales, n, self.columns)
+        full = np.zeros(n + 1)
+        full[self.columns] = d_scales[:-1]
+        full[-1] = d_scales[-1]
+        return kernel.feature_scales_vjp(full)
 
     @property
     def n_inducing(self):
@@ -637,10 +653,7 @@ class InducingFeatures:
         """Per-evaluation state: the feature scales of the kernel (of the
         columns with inducing variables, then the bias's)."""
         self._check_kernel(kernel)
-        scales = self.design_scales(kernel)
-        if self.columns is None:
-            return scales
-        return np.append(scales[self.columns], scales[-1])
+        return self.design_scales(kernel, self.columns)
 
     def project(self, kernel, scales, X, offsets, layout=None):
         """Projection of the tokens X (sequences delimited by offsets).
@@ -680,7 +693,7 @@ class InducingFeatures:
 
     def finish_gradient(self, kernel, scales, d_scales):
         """Gradient in theta from the summed gradient w.r.t. the scales."""
-        return kernel.feature_scales_vjp(self._design_gradient(d_scales))
+        return self._design_vjp(kernel, d_scales)
 
 
 class CollapsedFeatures(InducingFeatures):
