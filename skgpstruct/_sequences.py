@@ -66,6 +66,45 @@ def canonical_csr(X, dtype=np.float64):
     return X
 
 
+def entries_in_columns(X, columns):
+    """Which stored entries of ``X`` lie in ``columns``, and where.
+
+    Parameters
+    ----------
+    X : canonical CSR matrix
+    columns : ndarray of int
+        Increasing column indices.
+
+    Returns
+    -------
+    inside : ndarray of bool of shape (X.nnz,)
+        Whether each stored entry's column is one of ``columns``.
+    position : ndarray of int of shape (X.nnz,)
+        The entry's column's position in ``columns`` (meaningless where not
+        ``inside``).
+
+    The cost is the stored entries' (a binary search each), not the
+    design's width: 2**20 hashed columns cost what their tokens store.
+    """
+    columns = np.asarray(columns, dtype=np.int64)
+    if columns.size == 0:
+        return np.zeros(X.nnz, dtype=bool), np.zeros(X.nnz, dtype=np.int64)
+    position = np.minimum(np.searchsorted(columns, X.indices), columns.size - 1)
+    return columns[position] == X.indices, position
+
+
+def select_columns(X, columns):
+    """``X[:, columns]`` of a canonical CSR ``X`` for increasing ``columns``,
+    canonical, in time linear in the stored entries (see
+    :func:`entries_in_columns`)."""
+    inside, position = entries_in_columns(X, columns)
+    kept_before = np.concatenate([[0], np.cumsum(inside)])
+    return sp.csr_matrix(
+        (X.data[inside], position[inside], kept_before[X.indptr]),
+        shape=(X.shape[0], len(columns)),
+    )
+
+
 def without_stored_zeros(X):
     """A canonical CSR ``X`` without its explicitly stored zeros (a copy if
     it has any: the caller's matrix is never changed)."""

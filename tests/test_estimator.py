@@ -2121,14 +2121,32 @@ def test_centred_sparse_columns_are_the_dense_difference():
                       random_state=rng)
         mean = np.where(rng.random(d) < 0.5, rng.normal(size=d), 0.0)
         mean[0] = X[0, 0] or mean[0]  # a column whose mean is one of its values
-        centred = _centred(X, mean)
         expected = X.toarray() - mean
-        if mean.all():  # every column: dense
-            np.testing.assert_array_equal(centred, expected)
-        else:
-            assert sp.issparse(centred) and centred.has_canonical_format
-            assert centred.data.all()  # no stored zeros
-            np.testing.assert_array_equal(centred.toarray(), expected)
+        # the centred columns found here, or given (as predict does)
+        for centred in (_centred(X, mean), _centred(X, mean, np.flatnonzero(mean))):
+            if mean.all():  # every column: dense
+                np.testing.assert_array_equal(centred, expected)
+            else:
+                assert sp.issparse(centred) and centred.has_canonical_format
+                assert centred.data.all()  # no stored zeros
+                np.testing.assert_array_equal(centred.toarray(), expected)
+
+
+def test_selected_sparse_columns_are_the_dense_ones():
+    # Inducing features over a design's active columns read them from CSR
+    # in time linear in the stored entries (2**20 hashed columns): the
+    # dense array's columns, in canonical CSR.
+    from skgpstruct._sequences import select_columns
+
+    rng = np.random.default_rng(1)
+    for _ in range(50):
+        n, d = rng.integers(1, 20), rng.integers(1, 30)
+        X = sp.random(n, d, density=rng.uniform(0.0, 0.9), format="csr",
+                      random_state=rng)
+        columns = np.flatnonzero(rng.random(d) < rng.uniform(0.0, 1.0))
+        selected = select_columns(X, columns)
+        assert selected.shape == (n, columns.size) and selected.has_canonical_format
+        np.testing.assert_array_equal(selected.toarray(), X.toarray()[:, columns])
 
 
 def test_rbf_centres_sparse_features_far_from_the_origin():

@@ -7,7 +7,7 @@ import scipy.sparse as sp
 from scipy import linalg
 
 from .._linalg import cholesky_backward, jitter_cholesky
-from .._sequences import canonical_csr, without_stored_zeros
+from .._sequences import canonical_csr, select_columns, without_stored_zeros
 from ..kernels import _FeatureMapKernel
 
 __all__ = [
@@ -498,7 +498,7 @@ class InducingFeatures:
         if self.columns is None:
             return X
         if sp.issparse(X):
-            return sp.csr_matrix(X)[:, self.columns]
+            return select_columns(canonical_csr(X), self.columns)
         return np.asarray(X)[:, self.columns]
 
     def prior_columns(self, X):
