@@ -27,7 +27,12 @@ from sklearn.utils._param_validation import HasMethods, Interval
 from sklearn.utils.validation import check_is_fitted
 
 from ._checks import check_groups, check_integer, outside_stacklevel
-from ._sequences import offsets_from_lengths, refuse_no_sequences, split_by_offsets
+from ._sequences import (
+    offsets_from_lengths,
+    refuse_no_sequences,
+    split_by_offsets,
+    without_stored_zeros,
+)
 from .io import _text_lines
 
 __all__ = [
@@ -659,9 +664,16 @@ def _groups_by_key(names, keyed, separator):
 def _split_tokens(stacked, lengths):
     """The wrapped vectorizer's output, one token per row, split into
     sequences: arrays, or CSR matrices (COO and other sparse formats cannot
-    be sliced by rows)."""
-    if sp.issparse(stacked) and stacked.format != "csr":
-        stacked = stacked.tocsr()
+    be sliced by rows) without stored zeros.
+
+    ``DictVectorizer`` stores the zeros of ``False`` values: the estimator
+    would drop them sequence by sequence (a copy each, most of the time of
+    a ``predict``), here they go in one pass.
+    """
+    if sp.issparse(stacked):
+        if stacked.format != "csr":
+            stacked = stacked.tocsr()
+        stacked = without_stored_zeros(stacked)
     return split_by_offsets(stacked, offsets_from_lengths(lengths))
 
 

@@ -2111,14 +2111,23 @@ def test_rbf_kernel_object_warns_of_a_length_scale_far_from_the_data():
         _fit_without_user_warnings(GPStructClassifier(kernel=kernel, **params), X, y)
 
 
+def _random_csr_matrices(seed, max_columns, min_density):
+    """50 random CSR matrices of 1 to 19 rows and 2 to ``max_columns``
+    columns, with the generator that drew them."""
+    rng = np.random.default_rng(seed)
+    for _ in range(50):
+        n, d = rng.integers(1, 20), rng.integers(2, max_columns)
+        yield rng, sp.random(
+            n, d, density=rng.uniform(min_density, 0.9), format="csr",
+            random_state=rng,
+        )
+
+
 def test_centred_sparse_columns_are_the_dense_difference():
     from skgpstruct._estimator import _centred
 
-    rng = np.random.default_rng(0)
-    for _ in range(50):
-        n, d = rng.integers(1, 20), rng.integers(2, 10)
-        X = sp.random(n, d, density=rng.uniform(0.1, 0.9), format="csr",
-                      random_state=rng)
+    for rng, X in _random_csr_matrices(0, 10, 0.1):
+        d = X.shape[1]
         mean = np.where(rng.random(d) < 0.5, rng.normal(size=d), 0.0)
         mean[0] = X[0, 0] or mean[0]  # a column whose mean is one of its values
         expected = X.toarray() - mean
@@ -2138,14 +2147,11 @@ def test_selected_sparse_columns_are_the_dense_ones():
     # dense array's columns, in canonical CSR.
     from skgpstruct._sequences import select_columns
 
-    rng = np.random.default_rng(1)
-    for _ in range(50):
-        n, d = rng.integers(1, 20), rng.integers(1, 30)
-        X = sp.random(n, d, density=rng.uniform(0.0, 0.9), format="csr",
-                      random_state=rng)
-        columns = np.flatnonzero(rng.random(d) < rng.uniform(0.0, 1.0))
+    for rng, X in _random_csr_matrices(1, 30, 0.0):
+        columns = np.flatnonzero(rng.random(X.shape[1]) < rng.uniform(0.0, 1.0))
         selected = select_columns(X, columns)
-        assert selected.shape == (n, columns.size) and selected.has_canonical_format
+        assert selected.shape == (X.shape[0], columns.size)
+        assert selected.has_canonical_format
         np.testing.assert_array_equal(selected.toarray(), X.toarray()[:, columns])
 
 

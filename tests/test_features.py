@@ -596,6 +596,21 @@ def test_sequence_dict_vectorizer_output_kind_without_tokens():
     assert len(fitted.get_feature_names_out()) == 0
 
 
+def test_sequence_dict_vectorizer_output_stores_no_zeros():
+    # DictVectorizer stores the zeros of False values; the estimator drops
+    # them (the same features in any storage), sequence by sequence, a copy
+    # each: most of a predict's time on token dicts with boolean flags. The
+    # vectorizer's output comes without them.
+    dicts = [[{"w": "a", "upper": False, "n": 0.0}, {"w": "b", "upper": True}],
+             [{"upper": False}]]
+    stored = DictVectorizer().fit_transform([t for s in dicts for t in s])
+    assert not stored.data.all()  # what DictVectorizer gives
+    out = SequenceDictVectorizer().fit_transform(dicts)
+    for part, rows in zip(out, (slice(0, 2), slice(2, 3)), strict=True):
+        assert part.data.all()
+        np.testing.assert_array_equal(part.toarray(), stored[rows].toarray())
+
+
 def test_sequence_dict_vectorizer_splits_any_sparse_output():
     # A wrapped transformer giving COO (which cannot be sliced by rows)
     # crashed with "'coo_matrix' object is not subscriptable".
