@@ -705,8 +705,8 @@ class SequenceDictVectorizer(
     :class:`~skgpstruct.GPStructClassifier` (``feature_groups="auto"``, the
     default) then learns one prior variance per key. On the dev splits of
     the four CRF++ sets, with sklearn-crfsuite-style token dicts, that
-    lowered the token error from 7.67 / 13.73 / 14.73 / 8.10 % to 7.32 /
-    11.39 / 13.56 / 4.40 % (basenp / chunking / seg / JapaneseNE) for
+    lowered the token error from 7.98 / 13.96 / 14.61 / 8.19 % to 6.79 /
+    11.69 / 12.71 / 4.58 % (basenp / chunking / seg / JapaneseNE) for
     about twice the fit time (see :doc:`/benchmarks`, "Token dicts").
     ``GPStructClassifier(feature_groups=None)`` shares one variance.
     Hashed columns (``FeatureHasher``) have no key: no groups. Dense output

@@ -732,8 +732,11 @@ class _FeatureMapKernel(Kernel):
     """A kernel with an explicit diagonal feature map, ``k(x, x') = phi(x) .
     phi(x')`` with ``phi(x) = scales * [x, 1]``: what inducing features
     need. Subclasses give the scales (``_scales``) and their VJP
-    (``_scales_vjp``); a kernel of another hierarchy qualifies by providing
-    the two public methods."""
+    (``_scales_vjp``), and may give a few columns' of a wide design
+    without the others (``_column_scales``, ``_column_scales_vjp``; the
+    defaults go through the whole design's): a subclass of a kernel that
+    overrides those and changes its scales overrides all four. A kernel of
+    another hierarchy qualifies by providing the two public methods."""
 
     def feature_scales(self, n_features):
         """The scales of the explicit feature map ``phi(x) = scales * [x, 1]``
