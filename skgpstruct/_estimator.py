@@ -35,6 +35,7 @@ from ._sequences import (
     entries_in_columns,
     label_kinds,
     offsets_from_lengths,
+    select_columns,
     split_by_offsets,
     stack_sequences,
     without_stored_zeros,
@@ -2375,7 +2376,7 @@ GroupedLinearKernel`: automatic relevance determination per group).
         # prior, sampled as the full model would.
         scales = self.inducing_.design_scales(self.kernel_, columns)[:-1]
         X_prior = (
-            canonical_csr(X_c)[:, columns] if sp.issparse(X_c)
+            select_columns(canonical_csr(X_c), columns) if sp.issparse(X_c)
             else sp.csr_matrix(X_c[:, columns])
         )
         if params.full_covariance:

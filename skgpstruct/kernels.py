@@ -781,19 +781,49 @@ class _FeatureMapKernel(Kernel):
 
         Inducing features over a few active columns of a wide design (2**20
         hashed columns) call this and :meth:`_column_scales_vjp` at every
-        ELBO evaluation; subclasses override both to cost the columns asked
-        for, not the design's width.
+        ELBO evaluation (:func:`_feature_scales_at`); subclasses override
+        both to cost the columns asked for, not the design's width.
         """
-        scales = self._scales(n_features)
-        return np.append(scales[columns], scales[-1])
+        return _whole_design_scales_at(self, n_features, columns)
 
     def _column_scales_vjp(self, d_scales, n_features, columns):
         """``feature_scales_vjp`` of a gradient with respect to
         :meth:`_column_scales` (zero at the other columns)."""
-        full = np.zeros(n_features + 1)
-        full[columns] = d_scales[:-1]
-        full[-1] = d_scales[-1]
-        return self._scales_vjp(full)
+        return _whole_design_scales_vjp_at(self, d_scales, n_features, columns)
+
+
+def _whole_design_scales_at(kernel, n_features, columns):
+    """``kernel.feature_scales(n_features)`` at ``columns``, then the
+    offset's, from the whole design's scales."""
+    scales = kernel.feature_scales(n_features)
+    return np.append(scales[columns], scales[-1])
+
+
+def _whole_design_scales_vjp_at(kernel, d_scales, n_features, columns):
+    """The theta gradient of a gradient ``d_scales`` with respect to
+    :func:`_whole_design_scales_at`, through the whole design's VJP."""
+    full = np.zeros(n_features + 1)
+    full[columns] = d_scales[:-1]
+    full[-1] = d_scales[-1]
+    return kernel.feature_scales_vjp(full)
+
+
+def _feature_scales_at(kernel, n_features, columns):
+    """The scales of a kernel's feature map at ``columns`` of a design of
+    ``n_features``, then the offset's: the columns' own where the kernel
+    computes them (this module's linear kernels), else from the whole
+    design's (a kernel of another hierarchy with the two public methods)."""
+    if isinstance(kernel, _FeatureMapKernel):
+        return kernel._column_scales(n_features, columns)
+    return _whole_design_scales_at(kernel, n_features, columns)
+
+
+def _feature_scales_vjp_at(kernel, d_scales, n_features, columns):
+    """The theta gradient of a gradient with respect to
+    :func:`_feature_scales_at`."""
+    if isinstance(kernel, _FeatureMapKernel):
+        return kernel._column_scales_vjp(d_scales, n_features, columns)
+    return _whole_design_scales_vjp_at(kernel, d_scales, n_features, columns)
 
 
 class LinearKernel(_FeatureMapKernel):

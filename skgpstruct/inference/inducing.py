@@ -8,7 +8,7 @@ from scipy import linalg
 
 from .._linalg import cholesky_backward, jitter_cholesky
 from .._sequences import canonical_csr, select_columns, without_stored_zeros
-from ..kernels import _FeatureMapKernel
+from ..kernels import _feature_scales_at, _feature_scales_vjp_at
 
 __all__ = [
     "distinct_rows",
@@ -516,25 +516,17 @@ class InducingFeatures:
         asked for only; another kernel with a feature map, the whole design's
         scales.
         """
-        n = self.n_design_features
         if columns is None:
-            return kernel.feature_scales(n)
-        if isinstance(kernel, _FeatureMapKernel):
-            return kernel._column_scales(n, columns)
-        scales = kernel.feature_scales(n)
-        return np.append(scales[columns], scales[-1])
+            return kernel.feature_scales(self.n_design_features)
+        return _feature_scales_at(kernel, self.n_design_features, columns)
 
     def _design_vjp(self, kernel, d_scales):
         """Gradient in theta from the gradient w.r.t. :meth:`prepare`'s scales."""
         if self.columns is None:
             return kernel.feature_scales_vjp(d_scales)
-        n = self.n_design_features
-        if isinstance(kernel, _FeatureMapKernel):
-            return kernel._column_scales_vjp(d_scales, n, self.columns)
-        full = np.zeros(n + 1)
-        full[self.columns] = d_scales[:-1]
-        full[-1] = d_scales[-1]
-        return kernel.feature_scales_vjp(full)
+        return _feature_scales_vjp_at(
+            kernel, d_scales, self.n_design_features, self.columns
+        )
 
     @property
     def n_inducing(self):
