@@ -1206,20 +1206,21 @@ class GroupedLinearKernel(_FeatureMapKernel):
     def _scales_vjp(self, d_scales):
         return self._column_scales_vjp(d_scales, d_scales.size - 1, None)
 
-    def _column_scales(self, n_features, columns):
+    def _positions_and_scales(self, n_features, columns):
+        """The groups (positions in :attr:`group_ids`) of ``columns`` (every
+        column when None) and their scales, then the offset's."""
         variance, bias = self._values()
         positions = self._column_positions(n_features)
         if columns is not None:
             positions = positions[columns]
-        return np.sqrt(np.append(variance[positions], bias))
+        return positions, np.sqrt(np.append(variance[positions], bias))
+
+    def _column_scales(self, n_features, columns):
+        return self._positions_and_scales(n_features, columns)[1]
 
     def _column_scales_vjp(self, d_scales, n_features, columns):
-        # columns None: every column
         free_v, free_b = self._free_flags()
-        positions = self._column_positions(n_features)
-        if columns is not None:
-            positions = positions[columns]
-        scales = self._column_scales(n_features, columns)
+        positions, scales = self._positions_and_scales(n_features, columns)
         # scale = sqrt(var)  =>  d scale / d log var = scale / 2
         per_column = 0.5 * d_scales[:-1] * scales[:-1]
         grad_v = self._group_sums(per_column, positions)

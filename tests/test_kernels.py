@@ -823,16 +823,37 @@ def test_feature_map_of_some_columns_is_the_whole_designs_there(grouped):
     # columns' gradient zero, at the cost of the columns asked for.
     rng = np.random.default_rng(5)
     n, columns = 9, np.array([1, 4, 5, 8])
+    groups = np.array([3, 0, 3, 1, 0, 1, 1, 3, 0])
     kernel = (
-        GroupedLinearKernel([3, 0, 3, 1, 0, 1, 1, 3, 0], variance=[0.5, 2.0, 1.5],
-                            bias=0.3)
+        GroupedLinearKernel(groups, variance=[0.5, 2.0, 1.5], bias=0.3)
         if grouped else LinearKernel(variance=1.7, bias=0.4)
     )
+    # Closed form: a column's scale is the square root of its group's
+    # variance (ids 0, 1, 3 in increasing order), the offset's of the bias
+    # (times the variance for LinearKernel).
+    if grouped:
+        variance = np.array([0.5, 2.0, 1.5])[np.searchsorted([0, 1, 3], groups)]
+        expected = np.sqrt(np.append(variance[columns], 0.3))
+    else:
+        expected = np.sqrt(np.append(np.full(columns.size, 1.7), 1.7 * 0.4))
+    np.testing.assert_allclose(kernel._column_scales(n, columns), expected, rtol=1e-15)
+    d_scales = rng.normal(size=columns.size + 1)
+    # The VJP against central finite differences in theta.
+    def projected(theta):
+        return d_scales @ kernel.clone_with_theta(theta)._column_scales(n, columns)
+
+    h = 1e-6
+    for i in range(kernel.theta.size):
+        step = np.zeros_like(kernel.theta)
+        step[i] = h
+        fd = (projected(kernel.theta + step) - projected(kernel.theta - step)) / (2 * h)
+        np.testing.assert_allclose(
+            kernel._column_scales_vjp(d_scales, n, columns)[i], fd, rtol=1e-6
+        )
     whole = kernel.feature_scales(n)
     np.testing.assert_array_equal(
         kernel._column_scales(n, columns), np.append(whole[columns], whole[-1])
     )
-    d_scales = rng.normal(size=columns.size + 1)
     spread = np.zeros(n + 1)
     spread[columns], spread[-1] = d_scales[:-1], d_scales[-1]
     np.testing.assert_allclose(
