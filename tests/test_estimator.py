@@ -2203,14 +2203,27 @@ def test_selected_sparse_columns_are_the_dense_ones():
     # Inducing features over a design's active columns read them from CSR
     # in time linear in the stored entries (2**20 hashed columns): the
     # dense array's columns, in canonical CSR.
-    from skgpstruct._sequences import select_columns
+    # The same through a lookup table of the columns (column_positions:
+    # what InducingFeatures keeps for its predictions), which a pickle
+    # leaves out.
+    from skgpstruct._sequences import column_positions, select_columns
+    from skgpstruct.inference.inducing import InducingFeatures
 
     for rng, X in _random_csr_matrices(1, 30, 0.0):
         columns = np.flatnonzero(rng.random(X.shape[1]) < rng.uniform(0.0, 1.0))
-        selected = select_columns(X, columns)
-        assert selected.shape == (X.shape[0], columns.size)
-        assert selected.has_canonical_format
-        np.testing.assert_array_equal(selected.toarray(), X.toarray()[:, columns])
+        inducing = InducingFeatures(X.shape[1], columns=columns)
+        for selected in (
+            select_columns(X, columns),
+            select_columns(X, columns, column_positions(columns, X.shape[1])),
+            inducing.select(X),
+            inducing.select(X),  # the kept table
+            pickle.loads(pickle.dumps(inducing)).select(X),
+        ):
+            assert selected.shape == (X.shape[0], columns.size)
+            assert selected.has_canonical_format
+            np.testing.assert_array_equal(selected.toarray(), X.toarray()[:, columns])
+        assert "_positions" in vars(inducing)
+        assert "_positions" not in vars(pickle.loads(pickle.dumps(inducing)))
 
 
 def test_rbf_centres_sparse_features_far_from_the_origin():

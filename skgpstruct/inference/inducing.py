@@ -7,7 +7,12 @@ import scipy.sparse as sp
 from scipy import linalg
 
 from .._linalg import cholesky_backward, jitter_cholesky
-from .._sequences import canonical_csr, select_columns, without_stored_zeros
+from .._sequences import (
+    canonical_csr,
+    column_positions,
+    select_columns,
+    without_stored_zeros,
+)
 from ..kernels import _feature_scales_at, _feature_scales_vjp_at
 
 __all__ = [
@@ -498,8 +503,25 @@ class InducingFeatures:
         if self.columns is None:
             return X
         if sp.issparse(X):
-            return select_columns(canonical_csr(X), self.columns)
+            return select_columns(
+                canonical_csr(X), self.columns, self._column_positions()
+            )
         return np.asarray(X)[:, self.columns]
+
+    def _column_positions(self):
+        """:func:`~skgpstruct._sequences.column_positions` of :attr:`columns`,
+        built at the first sparse :meth:`select` and kept (not pickled):
+        predictions select every chunk's columns."""
+        positions = self.__dict__.get("_positions")
+        if positions is None:
+            positions = column_positions(self.columns, self.n_design_features)
+            self._positions = positions
+        return positions
+
+    def __getstate__(self):
+        state = self.__dict__.copy()
+        state.pop("_positions", None)
+        return state
 
     def prior_columns(self, X):
         """The columns active in ``X`` (a design of every column) that have
