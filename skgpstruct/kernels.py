@@ -1138,15 +1138,13 @@ class GroupedLinearKernel(_FeatureMapKernel):
 
     def _column_positions(self, n_features):
         """Every column's group as a position in :attr:`group_ids`, checked
-        against the design's ``n_features``. (``groups`` itself is checked
-        when its positions are worked out, once: not at every ELBO
-        evaluation, in time linear in the design's columns.)"""
-        position = self._group_positions()[1]
-        if position.size != n_features:
+        against the design's ``n_features``."""
+        groups = self._groups()
+        if groups.size != n_features:
             raise ValueError(
-                f"groups has {position.size} entries but X has {n_features} features"
+                f"groups has {groups.size} entries but X has {n_features} features"
             )
-        return position
+        return self._group_positions()[1]
 
     def _column_variance(self, n_features):
         return self._values()[0][self._column_positions(n_features)]
