@@ -2359,7 +2359,7 @@ GroupedLinearKernel`: automatic relevance determination per group).
         label); None when there are none.
         """
         inducing, state = self.inducing_, self._inducing_state
-        X_s = inducing.select(X_c)
+        X_s = inducing.select(X_c, keep_lookup=True)
         collapsed = getattr(self, "_collapsed", None)
         if collapsed is not None:
             features, q_mu_c, q_sqrt_c = collapsed
@@ -2436,7 +2436,8 @@ GroupedLinearKernel`: automatic relevance determination per group).
         mean_mu = np.einsum("k,kvm->vm", self.weights_, self.q_mu_)
         # (columns without a variable have weights of prior mean 0)
         return self.inducing_.mean_potentials(
-            self.kernel_, self._inducing_state, self.inducing_.select(X_c), mean_mu
+            self.kernel_, self._inducing_state,
+            self.inducing_.select(X_c, keep_lookup=True), mean_mu,
         )
 
     def predict(self, X):

@@ -2204,26 +2204,41 @@ def test_selected_sparse_columns_are_the_dense_ones():
     # in time linear in the stored entries (2**20 hashed columns): the
     # dense array's columns, in canonical CSR.
     # The same through a lookup table of the columns (column_positions:
-    # what InducingFeatures keeps for its predictions), which a pickle
-    # leaves out.
+    # what InducingFeatures keeps for its predictions, keep_lookup=True),
+    # which a pickle leaves out, and without it above its size limit.
     from skgpstruct._sequences import column_positions, select_columns
-    from skgpstruct.inference.inducing import InducingFeatures
+    from skgpstruct.inference import inducing as inducing_module
 
     for rng, X in _random_csr_matrices(1, 30, 0.0):
         columns = np.flatnonzero(rng.random(X.shape[1]) < rng.uniform(0.0, 1.0))
-        inducing = InducingFeatures(X.shape[1], columns=columns)
-        for selected in (
+        inducing = inducing_module.InducingFeatures(X.shape[1], columns=columns)
+        small = inducing_module.InducingFeatures(X.shape[1], columns=columns)
+        unpickled = pickle.loads(pickle.dumps(inducing))
+        selections = [
             select_columns(X, columns),
             select_columns(X, columns, column_positions(columns, X.shape[1])),
             inducing.select(X),
-            inducing.select(X),  # the kept table
-            pickle.loads(pickle.dumps(inducing)).select(X),
-        ):
+        ]
+        assert "_positions" not in vars(inducing)  # the fit's single select
+        selections += [
+            inducing.select(X, keep_lookup=True),
+            inducing.select(X, keep_lookup=True),  # the kept table
+            unpickled.select(X, keep_lookup=True),
+        ]
+        assert "_positions" in vars(inducing)
+        assert "_positions" not in vars(pickle.loads(pickle.dumps(inducing)))
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(inducing_module, "COLUMN_LOOKUP_BYTES", 4 * X.shape[1] - 1)
+            selections.append(small.select(X, keep_lookup=True))
+        assert "_positions" not in vars(small)
+        for selected in selections:
             assert selected.shape == (X.shape[0], columns.size)
             assert selected.has_canonical_format
             np.testing.assert_array_equal(selected.toarray(), X.toarray()[:, columns])
-        assert "_positions" in vars(inducing)
-        assert "_positions" not in vars(pickle.loads(pickle.dumps(inducing)))
+        # a design of another width is refused, naming both widths
+        wider = sp.hstack([X, sp.csr_matrix((X.shape[0], 1))], format="csr")
+        with pytest.raises(ValueError, match=f"X has {X.shape[1] + 1} features"):
+            inducing.select(wider, keep_lookup=True)
 
 
 def test_rbf_centres_sparse_features_far_from_the_origin():

@@ -27,6 +27,12 @@ __all__ = [
     "CollapsedFeatures",
 ]
 
+#: Largest lookup table of a model's columns kept for its predictions
+#: (:meth:`InducingFeatures.select`): 4 bytes per design column, so designs
+#: of up to 2**24 columns (FeatureHasher's default is 2**20); wider ones
+#: select through a binary search per stored entry.
+COLUMN_LOOKUP_BYTES = 64 * 2**20
+
 
 def distinct_rows(X):
     """Indices of the first occurrence of every distinct row of X.
@@ -357,9 +363,10 @@ class InducingPoints:
         return None
 
     @staticmethod
-    def select(X):
+    def select(X, keep_lookup=False):
         """The design as the variables take it: every column (a kernel
-        between tokens reads all of them)."""
+        between tokens reads all of them; ``keep_lookup`` is
+        :meth:`InducingFeatures.select`'s)."""
         return X
 
     @staticmethod
@@ -488,13 +495,19 @@ class InducingFeatures:
         """Number of columns of the design (``n_features`` with all of them)."""
         return self.__dict__.get("_n_design_features", self.n_features)
 
-    def select(self, X):
+    def select(self, X, keep_lookup=False):
         """The design's columns that have inducing variables, numbered within
         them: ``X`` itself when every column has one.
 
         Parameters
         ----------
         X : ndarray or sparse matrix of shape (n_tokens, n_design_features)
+        keep_lookup : bool, default=False
+            For callers that select from many designs (predictions): a
+            sparse ``X`` is read through a lookup table of the columns,
+            built at the first such call and kept (not pickled), unless it
+            would take more than ``COLUMN_LOOKUP_BYTES``; otherwise through
+            a binary search per stored entry.
 
         Returns
         -------
@@ -502,18 +515,24 @@ class InducingFeatures:
         """
         if self.columns is None:
             return X
-        if sp.issparse(X):
-            return select_columns(
-                canonical_csr(X), self.columns, self._column_positions()
+        if X.shape[1] != self.n_design_features:
+            raise ValueError(
+                f"X has {X.shape[1]} features, but the inducing features "
+                f"cover a design of {self.n_design_features}"
             )
+        if sp.issparse(X):
+            positions = self._column_positions() if keep_lookup else None
+            return select_columns(canonical_csr(X), self.columns, positions)
         return np.asarray(X)[:, self.columns]
 
     def _column_positions(self):
         """:func:`~skgpstruct._sequences.column_positions` of :attr:`columns`,
-        built at the first sparse :meth:`select` and kept (not pickled):
-        predictions select every chunk's columns."""
+        built once and kept (not pickled); None when it would take more than
+        ``COLUMN_LOOKUP_BYTES`` (a design of more than 2**24 columns)."""
         positions = self.__dict__.get("_positions")
         if positions is None:
+            if 4 * self.n_design_features > COLUMN_LOOKUP_BYTES:
+                return None
             positions = column_positions(self.columns, self.n_design_features)
             self._positions = positions
         return positions
