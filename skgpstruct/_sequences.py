@@ -105,9 +105,8 @@ def entries_in_columns(X, columns, positions=None):
     their tokens store.
     """
     if positions is not None:
-        position = positions[X.indices]
-        inside = position >= 0
-        return inside, np.maximum(position, 0)
+        position = positions[X.indices]  # -1 outside: meaningless there
+        return position >= 0, position
     columns = np.asarray(columns, dtype=np.int64)
     if columns.size == 0:
         return np.zeros(X.nnz, dtype=bool), np.zeros(X.nnz, dtype=np.int64)
