@@ -748,12 +748,16 @@ def test_stacked_csr_sequences_are_scipy_s_vstack():
 def test_sample_blocks_cover_every_sequence_once(monkeypatch):
     # Runs in order, every sequence in exactly one; a sequence whose samples
     # exceed the budget alone, in blocks sized by its length alone
-    # (budget 4,800 bytes: 480 bytes per token with K=2, S=10, V=3).
+    # (budget 4,800 bytes: 480 bytes per token with K=2, S=10, V=3), an
+    # even number of samples per block and at least two (antithetic pairs
+    # are drawn together), even above the budget.
     monkeypatch.setattr(estimator_module, "PREDICT_SAMPLE_BYTES", 8 * 2 * 3 * 100)
     lengths = [5, 0, 40, 7, 300, 2, 2000]
     runs = list(estimator_module._sample_blocks(lengths, 2, 10, 3))
-    assert runs == [(0, 2, 10), (2, 3, 2), (3, 4, 10), (4, 5, 1), (5, 6, 10),
-                    (6, 7, 1)]
+    assert runs == [(0, 2, 10), (2, 3, 2), (3, 4, 10), (4, 5, 2), (5, 6, 10),
+                    (6, 7, 2)]
+    # 14 tokens: 7.1 samples fit the budget, a block takes 6
+    assert list(estimator_module._sample_blocks([14], 2, 10, 3)) == [(0, 1, 6)]
     assert list(estimator_module._sample_blocks([40, 40], 2, 10, 3)) == [
         (0, 1, 2), (1, 2, 2)
     ]
@@ -794,6 +798,8 @@ def test_predict_marginals_of_long_sequences_in_blocks_of_samples(
     monkeypatch.setattr(GPStructClassifier, "_unary_samples", counted)
     blocked = model.predict_marginals(X)
     assert {n for n, _ in blocks} == {1} and max(S for _, S in blocks) <= 7
+    # (an even number per block: antithetic pairs are drawn together)
+    assert all(S % 2 == 0 for _, S in blocks)
     assert sum(S for _, S in blocks) == 3 * 2000
     for b, r in zip(blocked, reference, strict=True):
         np.testing.assert_allclose(b.sum(axis=1), 1.0)
@@ -2593,3 +2599,59 @@ def test_linear_fit_of_small_features_does_not_depend_on_their_scale():
     ]
     for a, b in zip(*predicted, strict=True):
         np.testing.assert_array_equal(a, b)
+
+
+@pytest.mark.parametrize("design", ["stacked", "per-row", "full"])
+def test_predict_marginals_draws_antithetic_pairs_about_the_mean(
+    design, lone_data, monkeypatch
+):
+    # predict_marginals averages its samples in antithetic pairs: samples
+    # 2i and 2i + 1 of a sequence mirror each other about the posterior
+    # mean of the potentials, which predict computes by its own sparse
+    # product (_mean_potentials). Every noise source is negated in a pair's
+    # second sample: the stacked rows and lone features (stacked), the
+    # inducing draws (per-row), weights at their prior (a column no training
+    # token had: inserted into the design with diagonal covariances, drawn
+    # apart with full ones), and with pairwise_uncertainty the transitions.
+    X, y, X_test, _ = lone_data
+    options = dict(FAST, n_predict_samples=6, pairwise_uncertainty=True)
+    if design == "full":
+        X = [x[:, :N_FEATURES] for x in X]
+        X_test = [x[:, :N_FEATURES] for x in X_test]
+        X, _ = spread_columns(X, 40)
+        X_test, _ = spread_columns(X_test, 40)
+        options.update(covariance="full", inducing="features")
+    model = GPStructClassifier(**options).fit(X, y)
+    unseen = np.setdiff1d(np.arange(model.n_features_in_), model.inducing_.columns)
+    X_new = []
+    for x in X_test[:4]:
+        x = sp.lil_matrix(x)
+        x[:, unseen[0]] = 1.0
+        X_new.append(x.tocsr())
+    if design == "per-row":  # (the sampling design is a new InducingFeatures)
+        monkeypatch.setattr(
+            InducingFeatures, "stacked_projection", lambda self, state, layout: None
+        )
+    decoded = []
+    forward_backward = estimator_module.chain.forward_backward
+
+    def recorded(unary, pairwise, offsets):
+        decoded.append((unary.copy(), pairwise.copy()))
+        return forward_backward(unary, pairwise, offsets)
+
+    monkeypatch.setattr(estimator_module.chain, "forward_backward", recorded)
+    model.predict_marginals(X_new)
+    assert len(decoded) == 1  # one chunk, one component, all samples at once
+    unary, pairwise = decoded[0]
+    mean = model._mean_potentials(centred_as_fitted(model, X_new))
+    assert unary.shape == (6,) + mean.shape
+    tolerance = 1e-4 * (1 + np.abs(unary).max())  # (stacked: single precision)
+    np.testing.assert_allclose(
+        unary[1::2], 2 * mean - unary[::2], rtol=0, atol=tolerance
+    )
+    # the pairs are draws, not the mean itself
+    assert np.abs(unary[::2] - mean).max() > 100 * tolerance
+    np.testing.assert_allclose(
+        pairwise[1::2], 2 * model.pairwise_mean_ - pairwise[::2], atol=1e-12
+    )
+    assert np.abs(pairwise[::2] - model.pairwise_mean_).max() > 1e-3

@@ -44,6 +44,7 @@ from skgpstruct.inference.posterior import (
 from skgpstruct.inference.terms import (
     Chunk,
     SharedState,
+    antithetic_normal,
     chunk_terms,
     sample_unary_stacked,
 )
@@ -822,13 +823,37 @@ def test_stacked_samples_have_each_sequence_s_gaussian(dense):
     assert np.corrcoef(first, rowvar=False)[0, 1] > 0.05
 
 
+@pytest.mark.parametrize("axis", [0, 1, -1])
+@pytest.mark.parametrize("dtype", [np.float64, np.float32])
+def test_antithetic_normal_pairs_each_draw_with_its_negation(axis, dtype):
+    shape = (5, 7, 4)
+    out = antithetic_normal(np.random.default_rng(0), shape, axis, dtype)
+    assert out.shape == shape and out.dtype == dtype
+    pairs = np.moveaxis(out, axis, 0)
+    n = pairs.shape[0]
+    # positions 2i and 2i + 1 mirror each other; an odd length (5 and 7)
+    # ends with one unpaired draw
+    np.testing.assert_array_equal(pairs[1::2], -pairs[0 : 2 * (n // 2) : 2])
+    # the drawn half is the generator's stream, in order: one draw per pair
+    half = list(np.moveaxis(np.empty(shape), axis, 0).shape)
+    half[0] = (n + 1) // 2
+    expected = np.random.default_rng(0).standard_normal(
+        np.moveaxis(np.empty(half), 0, axis).shape, dtype=dtype
+    )
+    np.testing.assert_array_equal(pairs[::2], np.moveaxis(expected, axis, 0))
+
+
+@pytest.mark.parametrize("antithetic", [False, True])
 @pytest.mark.parametrize("dense", [False, True])
-def test_prediction_samples_have_each_sequence_s_gaussian(dense):
+def test_prediction_samples_have_each_sequence_s_gaussian(dense, antithetic):
     # predict_marginals samples a chunk in the stacked form with each
     # sequence's noise from its own generator (sample_unary_stacked, single
     # precision): every sequence must have the Gaussian of eq. 18-19 (no
     # residual: inducing features are exact), per mixture component, and
     # sequences must be independent of each other. 40,000 samples, as above.
+    # In antithetic pairs, the odd samples are the even ones reflected about
+    # the mean (every noise source negated), and the even ones (20,000
+    # independent draws) have the Gaussian.
     rng = np.random.default_rng(5)
     X, X_chunk, offsets, kernel = _stacked_problem(dense, rng)
     inducing = InducingFeatures(X.shape[1])
@@ -842,11 +867,13 @@ def test_prediction_samples_have_each_sequence_s_gaussian(dense):
     def sample(seeds):
         rngs = [np.random.default_rng(seed) for seed in seeds]
         return sample_unary_stacked(
-            params, stacked, layout.row_starts, offsets, S, rngs
+            params, stacked, layout.row_starts, offsets, S, rngs,
+            antithetic=antithetic,
         )
 
     f = sample(range(n_seq))
     assert f.shape == (K, S, offsets[-1], V) and f.dtype == np.float64
+    drawn = f[:, ::2] if antithetic else f
     blocks = list(_sequence_blocks(X, offsets, X.shape[1]))
     for n, (rows, values) in enumerate(blocks):
         t0, t1 = offsets[n], offsets[n + 1]
@@ -857,11 +884,16 @@ def test_prediction_samples_have_each_sequence_s_gaussian(dense):
             for j in range(V):
                 mean = B_n.T @ params.q_mu[k, j, rows]
                 cov = B_n.T @ (params.q_sqrt[k, j, rows, None] ** 2 * B_n)
-                _assert_gaussian(f[k, :, t0:t1, j], mean, cov)
+                _assert_gaussian(drawn[k, :, t0:t1, j], mean, cov)
+                if antithetic:  # (sums in single precision)
+                    np.testing.assert_allclose(
+                        f[k, 1::2, t0:t1, j], 2 * mean - f[k, ::2, t0:t1, j],
+                        rtol=0, atol=1e-4 * (1 + np.abs(f[k, :, t0:t1, j]).max()),
+                    )
     # Sequences 0 and 2 share the bias and may share features, yet each has
     # its own draw: their tokens are uncorrelated.
-    between = np.corrcoef(f[0, :, 0, 0], f[0, :, offsets[2], 0])[0, 1]
-    assert abs(between) < 4 / np.sqrt(S)
+    between = np.corrcoef(drawn[0, :, 0, 0], drawn[0, :, offsets[2], 0])[0, 1]
+    assert abs(between) < 4 / np.sqrt(drawn.shape[1])
     # A sequence's samples come from its own generator only.
     other = sample([0, 11, 12, 13])
     np.testing.assert_array_equal(other[:, :, : offsets[1]], f[:, :, : offsets[1]])

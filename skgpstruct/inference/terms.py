@@ -50,6 +50,7 @@ __all__ = [
     "ReferencePosterior",
     "chunk_terms",
     "expand_local",
+    "antithetic_normal",
     "sample_unary",
 ]
 
@@ -304,17 +305,55 @@ def _row_counts(params, rows):
     return [M if (full or r is None) else r.size for r in rows]
 
 
-def _inducing_noise(params, sizes, S, rng, noise=None):
+def antithetic_normal(rng, shape, axis, dtype=np.float64):
+    """Standard normal draws in antithetic pairs along one axis.
+
+    Positions ``2i`` and ``2i + 1`` along ``axis`` hold a draw and its
+    negation (an odd length ends with one unpaired draw), so half the
+    random numbers are drawn. Averages over that axis of a function of the
+    draws stay unbiased, and the odd part of the function (its linear term,
+    above all) cancels within every pair.
+
+    Parameters
+    ----------
+    rng : numpy.random.Generator
+    shape : tuple of int
+    axis : int
+        The axis of the pairs (the samples' axis).
+    dtype : {numpy.float64, numpy.float32}, default=numpy.float64
+
+    Returns
+    -------
+    ndarray of shape ``shape``
+    """
+    axis = axis % len(shape)
+    n = shape[axis]
+    drawn = rng.standard_normal(
+        shape[:axis] + ((n + 1) // 2,) + shape[axis + 1 :], dtype=dtype
+    )
+    out = np.empty(shape, dtype=dtype)
+    before = (slice(None),) * axis
+    out[before + (slice(0, None, 2),)] = drawn
+    np.negative(
+        drawn[before + (slice(0, n // 2),)],
+        out=out[before + (slice(1, None, 2),)],
+    )
+    return out
+
+
+def _inducing_noise(params, sizes, S, rng, noise=None, antithetic=False):
     """Standard normal noise of the inducing draws of every sequence.
 
     ``sizes`` are the rows drawn per sequence (:func:`_row_counts`). Returns
     the list of per-sequence ``eps``, of shape (K, V, size, S), and the flat
     array they are views of. All the noise of a chunk is drawn in one call,
-    so that the same generator state gives the same noise.
+    so that the same generator state gives the same noise; with
+    ``antithetic`` the samples come in pairs (:func:`antithetic_normal`).
     """
     K, V, _ = params.q_mu.shape
     if noise is None:
-        noise = rng.standard_normal(K * V * S * sum(sizes))
+        normal = antithetic_normal if antithetic else _independent_normal
+        noise = normal(rng, (K * V * sum(sizes), S), 1).ravel()
     pieces, start = [], 0
     for size in sizes:
         pieces.append(noise[start : start + K * V * size * S].reshape(K, V, size, S))
@@ -322,14 +361,16 @@ def _inducing_noise(params, sizes, S, rng, noise=None):
     return pieces, noise
 
 
-def _draw_inducing(params, rows, S, rng, noise=None):
+def _draw_inducing(params, rows, S, rng, noise=None, antithetic=False):
     """Inducing draws v[rows] of every sequence: list of (v, eps), and the noise.
 
-    ``v`` has shape (K, V, n_rows, S); ``eps`` is described in
-    :func:`_inducing_noise`.
+    ``v`` has shape (K, V, n_rows, S); ``eps`` and ``antithetic`` are
+    described in :func:`_inducing_noise`.
     """
     full = params.full_covariance
-    pieces, noise = _inducing_noise(params, _row_counts(params, rows), S, rng, noise)
+    pieces, noise = _inducing_noise(
+        params, _row_counts(params, rows), S, rng, noise, antithetic
+    )
     draws = []
     for r, eps in zip(rows, pieces, strict=True):
         mean = _rows(params.q_mu, r)[..., None]
@@ -341,7 +382,9 @@ def _draw_inducing(params, rows, S, rng, noise=None):
     return draws, noise
 
 
-def sample_unary(params, projection, residual_sd, S, rng, cache=None):
+def sample_unary(
+    params, projection, residual_sd, S, rng, cache=None, antithetic=False
+):
     """Pathwise samples of the unary potentials of a chunk.
 
     Parameters
@@ -356,6 +399,10 @@ def sample_unary(params, projection, residual_sd, S, rng, cache=None):
         If given, the standard normal draws are taken from it when present
         and stored in it otherwise (when they take at most
         ``NOISE_CACHE_BYTES``), so that fixed base samples are drawn once.
+    antithetic : bool, default=False
+        Draw the samples in antithetic pairs (:func:`antithetic_normal`):
+        samples ``2i`` and ``2i + 1`` are reflections of each other about
+        the posterior mean. Not with ``cache``.
 
     Returns
     -------
@@ -366,13 +413,17 @@ def sample_unary(params, projection, residual_sd, S, rng, cache=None):
     """
     K, V, _ = params.q_mu.shape
     T = residual_sd.shape[0]
+    if antithetic and cache is not None:
+        raise ValueError("antithetic samples are not cached; pass cache=None")
     unary = np.empty((K, S, T, V))
     key = (K, V, S, params.full_covariance)
     if cache is not None and key in cache:
         noise, xi = cache[key]
     else:
         noise, xi = None, None
-    draws, noise = _draw_inducing(params, projection.rows, S, rng, noise)
+    draws, noise = _draw_inducing(
+        params, projection.rows, S, rng, noise, antithetic
+    )
     t0 = 0
     for B_n, (v, _) in zip(projection.B, draws, strict=True):
         t1 = t0 + B_n.shape[1]
@@ -383,7 +434,8 @@ def sample_unary(params, projection, residual_sd, S, rng, cache=None):
             unary[:, :, t0:t1, :] = f_n.transpose(1, 2, 0, 3)
         t0 = t1
     if xi is None:
-        xi = rng.standard_normal((K, S, T, V))
+        normal = antithetic_normal if antithetic else _independent_normal
+        xi = normal(rng, (K, S, T, V), 1)
         if cache is not None:
             if noise.nbytes + xi.nbytes <= NOISE_CACHE_BYTES:
                 cache[key] = (noise, xi)
@@ -392,7 +444,8 @@ def sample_unary(params, projection, residual_sd, S, rng, cache=None):
 
 
 def sample_unary_stacked(
-    params, stacked, row_starts, offsets, S, rngs, dtype=np.float32
+    params, stacked, row_starts, offsets, S, rngs, dtype=np.float32,
+    antithetic=False,
 ):
     """Samples of a chunk's unary potentials in the stacked form, each
     sequence's from its own generator.
@@ -421,6 +474,8 @@ def sample_unary_stacked(
     dtype : {numpy.float32, numpy.float64}, default=numpy.float32
         Precision of the noise and of the sums (single precision: one Monte
         Carlo draw's sampling error dwarfs its rounding, as in the fit).
+    antithetic : bool, default=False
+        Draw the samples in antithetic pairs, as in :func:`sample_unary`.
 
     Returns
     -------
@@ -433,13 +488,20 @@ def sample_unary_stacked(
     drawn_starts = np.searchsorted(split.drawn, row_starts)
     eps = np.empty((split.drawn.size, K * V, S), dtype=dtype)
     xi = np.empty((K, S, split.n_tokens, V), dtype=dtype)
+    normal = antithetic_normal if antithetic else _independent_normal
     for n, rng in enumerate(rngs):
         d0, d1 = drawn_starts[n], drawn_starts[n + 1]
         t0, t1 = offsets[n], offsets[n + 1]
-        eps[d0:d1] = rng.standard_normal((d1 - d0, K * V, S), dtype=dtype)
-        xi[:, :, t0:t1] = rng.standard_normal((K, S, t1 - t0, V), dtype=dtype)
+        eps[d0:d1] = normal(rng, (d1 - d0, K * V, S), 2, dtype)
+        xi[:, :, t0:t1] = normal(rng, (K, S, t1 - t0, V), 1, dtype)
     state = _stacked_state(params, stacked, 0.0, dtype)
     return _stacked_unary(state, eps, xi)
+
+
+def _independent_normal(rng, shape, axis, dtype=np.float64):
+    """Independent standard normal draws: :func:`antithetic_normal`'s
+    signature, without pairs."""
+    return rng.standard_normal(shape, dtype=dtype)
 
 
 def _tile_pairwise(params, noise, K):
