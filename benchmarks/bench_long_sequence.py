@@ -1,8 +1,9 @@
 """predict_marginals on one long sequence: peak memory and time, beside crfsuite.
 
 ``predict_marginals`` averages forward-backward over ``n_predict_samples``
-(32) posterior samples of the potentials. Drawn at once for one sequence of
-T tokens and V labels they take 32 x T x V doubles, and forward-backward
+(S, 16 by default) posterior samples of the potentials. Drawn at once for
+one sequence of T tokens and V labels they take S x T x V doubles, and
+forward-backward
 keeps a few more arrays of that size: at 100,000 tokens and 200 labels,
 tens of gigabytes. A sequence whose samples exceed
 ``PREDICT_SAMPLE_BYTES`` (64 MiB) is therefore sampled and decoded a block
@@ -57,7 +58,6 @@ from _common import (
 N_TRAIN = 200
 N_FEATURES = 10
 LENGTH_RANGE = (20, 30)
-N_SAMPLES = 32  # GPStructClassifier's default n_predict_samples
 
 COLUMNS = [
     "tokens", "labels", "samples at once", "GP, blocks: s / peak MiB",
@@ -151,10 +151,13 @@ def main(argv=None):
     with_crf = crfsuite_available()
     if not with_crf:
         print(CRF_MISSING, file=sys.stderr)
+    from skgpstruct import GPStructClassifier
+
+    n_samples = GPStructClassifier().n_predict_samples  # the default
     rows, records = [], []
     for n_tokens in args.tokens:
         for n_labels in args.labels:
-            at_once_gib = 8 * N_SAMPLES * n_tokens * n_labels / 2**30
+            at_once_gib = 8 * n_samples * n_tokens * n_labels / 2**30
             record = {"tokens": n_tokens, "labels": n_labels,
                       "samples_at_once_gib": at_once_gib}
             base = {"tokens": n_tokens, "labels": n_labels}
