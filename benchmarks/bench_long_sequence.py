@@ -3,9 +3,8 @@
 ``predict_marginals`` averages forward-backward over ``n_predict_samples``
 (S, 16 by default) posterior samples of the potentials. Drawn at once for
 one sequence of T tokens and V labels they take S x T x V doubles, and
-forward-backward
-keeps a few more arrays of that size: at 100,000 tokens and 200 labels,
-tens of gigabytes. A sequence whose samples exceed
+forward-backward keeps a few more arrays of that size: at 100,000 tokens
+and 200 labels, gigabytes. A sequence whose samples exceed
 ``PREDICT_SAMPLE_BYTES`` (64 MiB) is therefore sampled and decoded a block
 of samples at a time. This script measures, for one sequence of each
 length and label count:
