@@ -109,6 +109,8 @@ def measure_fold(data_dir, dataset, fold, n_seeds, n_reference):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         model = GPStructClassifier(random_state=0).fit(X_train, y_train)
+    if model.n_components != 1:  # (one forward-backward per component)
+        raise ValueError("the recorded samples assume one mixture component")
     classes = model.classes_
     reference = np.concatenate(
         copy.deepcopy(model).set_params(n_predict_samples=n_reference)

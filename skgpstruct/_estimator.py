@@ -33,6 +33,7 @@ from ._sequences import (
     check_sequence_labels,
     chunk_slices,
     entries_in_columns,
+    hstack_csr,
     label_kinds,
     offsets_from_lengths,
     select_columns,
@@ -489,7 +490,7 @@ def _with_prior_columns(params, X, state, X_prior, prior_scales):
     params, X, state
     """
     E = X_prior.shape[1]
-    X = sp.hstack([sp.csr_matrix(X), X_prior], format="csr")
+    X = hstack_csr([canonical_csr(X), canonical_csr(X_prior)])
     state = np.concatenate([state[:-1], prior_scales, state[-1:]])
     K, V, _ = params.q_mu.shape
     out = [
@@ -1015,8 +1016,9 @@ CollapsedFeatures`). The posterior family is richer than the mean-field
         antithetic pairs (a draw of the potentials and its reflection about
         their posterior mean; an odd number ends with one unpaired draw).
         On the Table 1 folds 16 paired draws estimate the marginals about
-        as accurately as 32 independent ones, in half the time
-        (:doc:`/benchmarks`, "Antithetic draws in predict_marginals").
+        as accurately as 32 independent ones, in 0.5 to 0.75 times their
+        time on larger test sets (:doc:`/benchmarks`, "Antithetic draws in
+        predict_marginals").
     pairwise_uncertainty : bool, default=False
         Whether :meth:`predict_marginals` (and ``decode="marginal"``) also
         averages over the posterior spread of the pairwise potentials
@@ -2252,19 +2254,22 @@ GroupedLinearKernel`: automatic relevance determination per group).
         chunks = list(self._chunks(sequences))
         n_jobs = self.n_jobs if len(chunks) > 1 else None
         decoding = self._decoding_pairwise(pairwise)
+        sampling = self._sampling_posterior(params)
         with single_blas_thread():
             per_chunk = Parallel(n_jobs=n_jobs, backend="threading")(
                 delayed(self._chunk_marginals)(
-                    params, decoding, sequences[sl], X_c, offsets
+                    sampling, decoding, sequences[sl], X_c, offsets
                 )
                 for sl, X_c, offsets in chunks
             )
         return [piece for pieces in per_chunk for piece in pieces]
 
-    def _chunk_marginals(self, params, pairwise, sequences, X_c, offsets):
+    def _chunk_marginals(self, sampling, pairwise, sequences, X_c, offsets):
         """:meth:`predict_marginals` of one chunk: a list of (T_n, V) arrays.
 
-        ``pairwise`` (S, V, V) are the transitions the chain decodes with."""
+        ``sampling`` is :meth:`_sampling_posterior`'s; ``pairwise`` (S, V, V)
+        are the transitions the chain decodes with."""
+        params = sampling[0]
         K, V, _ = params.q_mu.shape
         if X_c is None:  # only zero-length sequences
             return [np.zeros((0, V)) for _ in sequences]
@@ -2274,7 +2279,7 @@ GroupedLinearKernel`: automatic relevance determination per group).
         ]
         S = len(pairwise)
         marg = np.zeros((X_c.shape[0], V))
-        sampled, X_s, inducing, state, prior = self._sampling_design(params, X_c)
+        sampled, X_s, inducing, state, prior = self._sampling_design(sampling, X_c)
         # Runs of sequences sampled together: a long one alone, in blocks.
         for n0, n1, block in _sample_blocks(np.diff(offsets), K, S, V):
             t0, t1 = offsets[n0], offsets[n1]
@@ -2362,32 +2367,51 @@ GroupedLinearKernel`: automatic relevance determination per group).
                 _add_prior_weights(unary[:, :, t0:t1], prior[t0:t1], rng)
         return unary
 
-    def _sampling_design(self, params, X_c):
+    def _sampling_posterior(self, params):
+        """``(params, state, posterior)``: the posterior ``predict_marginals``
+        samples with, computed once per call for every chunk's
+        :meth:`_sampling_design`.
+
+        The model's own (``posterior`` None), unless the fit collapsed the
+        lone features: then the collapsed posterior itself
+        (:meth:`CollapsedFeatures.sampling_posterior`: the per-feature
+        marginals ``q_mu_``, ``q_sqrt_`` drop the lone weights'
+        correlation), on the design's feature scales ``state``.
+        """
+        collapsed = getattr(self, "_collapsed", None)
+        if collapsed is None:
+            return params, self._inducing_state, None
+        features, q_mu_c, q_sqrt_c = collapsed
+        posterior = features.sampling_posterior(
+            self._inducing_state, self.kernel_, (params.q_mu, params.q_sqrt),
+            (q_mu_c, q_sqrt_c),
+        )
+        params = dataclasses.replace(
+            params, q_mu=posterior.q_mu, q_sqrt=posterior.q_sqrt
+        )
+        return params, posterior.scales, posterior
+
+    def _sampling_design(self, sampling, X_c):
         """``(params, X, inducing, state, prior)`` that ``predict_marginals``
-        samples a chunk's unaries with.
+        samples a chunk's unaries with, for :meth:`_sampling_posterior`'s
+        ``sampling``.
 
         The model's own, unless the fit collapsed the lone features: then
-        the collapsed posterior itself, on a design of the chunk's tokens
-        built for it (:meth:`CollapsedFeatures.sampling_design`): the
-        per-feature marginals (``q_mu_``, ``q_sqrt_``) drop the lone
-        weights' correlation. The chunk's columns that no training token
-        had (no inducing variable) have their weights at the prior: with
-        diagonal covariances inserted into the design, with full ones
-        returned as ``prior``, the CSR (n_tokens, n_columns) of their values
-        times their scales, which :meth:`_unary_samples` adds draws of (a
-        full factor padded with them would take (M + n_columns)^2 floats per
-        label); None when there are none.
+        the collapsed posterior, on a design of the chunk's tokens built
+        for it (:meth:`CollapsedFeatures.sampling_design`). The chunk's
+        columns that no training token had (no inducing variable) have their
+        weights at the prior: with diagonal covariances inserted into the
+        design, with full ones returned as ``prior``, the CSR (n_tokens,
+        n_columns) of their values times their scales, which
+        :meth:`_unary_samples` adds draws of (a full factor padded with them
+        would take (M + n_columns)^2 floats per label); None when there are
+        none.
         """
-        inducing, state = self.inducing_, self._inducing_state
+        params, state, posterior = sampling
+        inducing = self.inducing_
         X_s = inducing.select(X_c, keep_lookup=True)
-        collapsed = getattr(self, "_collapsed", None)
-        if collapsed is not None:
-            features, q_mu_c, q_sqrt_c = collapsed
-            X_s, state, q_mu, q_sqrt = features.sampling_design(
-                X_s, state, self.kernel_, (params.q_mu, params.q_sqrt),
-                (q_mu_c, q_sqrt_c),
-            )
-            params = dataclasses.replace(params, q_mu=q_mu, q_sqrt=q_sqrt)
+        if posterior is not None:
+            X_s = self._collapsed[0].sampling_design(X_s, posterior)
             inducing = InducingFeatures(X_s.shape[1])
         columns = self.inducing_.prior_columns(X_c)
         if columns.size == 0:

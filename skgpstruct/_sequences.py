@@ -126,6 +126,37 @@ def select_columns(X, columns, positions=None):
     )
 
 
+def hstack_csr(blocks):
+    """Side-by-side concatenation of canonical CSR matrices with the same
+    rows, from their arrays: canonical, the same matrix as scipy's
+    ``sp.hstack(blocks, format="csr")`` (which goes through COO and costs
+    milliseconds at tens of thousands of entries)."""
+    n_rows = blocks[0].shape[0]
+    if any(b.shape[0] != n_rows for b in blocks):
+        raise ValueError(
+            "blocks must have the same number of rows, got "
+            f"{[b.shape[0] for b in blocks]}"
+        )
+    counts = [np.diff(b.indptr).astype(np.int64) for b in blocks]
+    indptr = np.zeros(n_rows + 1, dtype=np.int64)
+    np.cumsum(np.sum(counts, axis=0), out=indptr[1:])
+    data = np.empty(indptr[-1], dtype=np.float64)
+    indices = np.empty(indptr[-1], dtype=np.int64)
+    before = indptr[:-1].copy()  # where each row's next block goes
+    column_offset = 0
+    for block, count in zip(blocks, counts, strict=True):
+        # entry i of row r goes to before[r] + (i - block.indptr[r])
+        target = np.repeat(before - block.indptr[:-1], count)
+        target += np.arange(block.indptr[-1], dtype=np.int64)
+        data[target] = block.data[: block.indptr[-1]]
+        indices[target] = block.indices[: block.indptr[-1]] + column_offset
+        before += count
+        column_offset += block.shape[1]
+    out = sp.csr_matrix((data, indices, indptr), shape=(n_rows, column_offset))
+    out.has_canonical_format = True
+    return out
+
+
 def without_stored_zeros(X):
     """A canonical CSR ``X`` without its explicitly stored zeros (a copy if
     it has any: the caller's matrix is never changed)."""

@@ -31,7 +31,7 @@ from sklearn.utils.estimator_checks import (
 
 import skgpstruct._estimator as estimator_module
 from skgpstruct import GPStructClassifier, SequenceDictVectorizer
-from skgpstruct._sequences import chunk_slices, stack_sequences
+from skgpstruct._sequences import chunk_slices, hstack_csr, stack_sequences
 from skgpstruct.datasets import make_sequences
 from skgpstruct.inference.inducing import InducingFeatures
 from skgpstruct.kernels import Kernel, LinearKernel, RBFKernel
@@ -702,7 +702,7 @@ def test_predict_marginals_sample_the_collapsed_posterior_that_was_fitted():
     assert apart.sum() >= 10
     X_c, offsets = stack_sequences(X)
     params, X_s, inducing, state, prior = model._sampling_design(
-        model._params(), X_c
+        model._sampling_posterior(model._params()), X_c
     )
     assert prior is None  # (the training tokens: no column without a variable)
     S = 20000
@@ -715,6 +715,30 @@ def test_predict_marginals_sample_the_collapsed_posterior_that_was_fitted():
     np.testing.assert_allclose(
         unary[0].mean(axis=0), mean, atol=4 * np.sqrt(exact.max() / S)
     )
+
+
+def test_hstack_csr_is_scipy_s_hstack():
+    # Side by side from their arrays (scipy's hstack goes through COO): the
+    # same matrix, canonical, with empty rows, an empty block, zero-width
+    # blocks, stored zeros kept, int32 and int64 indices.
+    rng = np.random.default_rng(1)
+    blocks = [sp.random(5, n, density=0.4, format="csr", random_state=rng)
+              for n in (4, 0, 7, 3)]
+    blocks[2] = sp.csr_matrix((5, 7))  # no entries
+    blocks[3].indptr = blocks[3].indptr.astype(np.int64)
+    blocks[3].indices = blocks[3].indices.astype(np.int64)
+    blocks[0].data[0] = 0.0  # a stored zero
+    out = hstack_csr(blocks)
+    expected = sp.hstack(blocks, format="csr")
+    assert out.shape == (5, 14) and out.has_canonical_format
+    np.testing.assert_array_equal(out.toarray(), expected.toarray())
+    np.testing.assert_array_equal(out.indptr, expected.indptr)
+    np.testing.assert_array_equal(out.indices, expected.indices)
+    np.testing.assert_array_equal(out.data, expected.data)
+    for r in range(5):  # canonical: columns increasing within every row
+        assert np.all(np.diff(out.indices[out.indptr[r] : out.indptr[r + 1]]) > 0)
+    with pytest.raises(ValueError, match=r"the same number of rows, got \[5, 2\]"):
+        hstack_csr([blocks[0], sp.csr_matrix((2, 3))])
 
 
 def test_stacked_csr_sequences_are_scipy_s_vstack():
@@ -823,15 +847,18 @@ def test_predict_marginals_memory_is_bounded_on_a_long_sequence(monkeypatch):
     # Drawn at once, 32 samples of a 20,000-token sequence's potentials over
     # 10 labels take 51 MB (K x S x T x V doubles), and forward-backward
     # holds more of that size. Under a 1 MiB budget for the samples the
-    # whole call stays below that one array (the rest is the sequence's
-    # features and its projection, which do not grow with the samples).
+    # whole call stays below half that one array (the rest is the
+    # sequence's features and its projection, which do not grow with the
+    # samples; blocks hold at least a pair of samples, 3.2 MB here).
     import tracemalloc
 
     X, y = make_sequences(
         n_sequences=30, n_classes=10, n_features=4, length_range=(5, 10),
         random_state=0,
     )
-    model = GPStructClassifier(n_inducing=10, max_iter=5, random_state=0)
+    model = GPStructClassifier(
+        n_inducing=10, max_iter=5, n_predict_samples=32, random_state=0
+    )
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", ConvergenceWarning)
         model.fit(X, y)
@@ -2601,6 +2628,20 @@ def test_linear_fit_of_small_features_does_not_depend_on_their_scale():
         np.testing.assert_array_equal(a, b)
 
 
+def record_decoded_potentials(monkeypatch):
+    """A list that receives the (unary, pairwise) samples of every
+    forward-backward call of predict_marginals, in call order."""
+    decoded = []
+    forward_backward = estimator_module.chain.forward_backward
+
+    def recorded(unary, pairwise, offsets):
+        decoded.append((unary.copy(), pairwise.copy()))
+        return forward_backward(unary, pairwise, offsets)
+
+    monkeypatch.setattr(estimator_module.chain, "forward_backward", recorded)
+    return decoded
+
+
 @pytest.mark.parametrize("design", ["stacked", "per-row", "full"])
 def test_predict_marginals_draws_antithetic_pairs_about_the_mean(
     design, lone_data, monkeypatch
@@ -2632,14 +2673,7 @@ def test_predict_marginals_draws_antithetic_pairs_about_the_mean(
         monkeypatch.setattr(
             InducingFeatures, "stacked_projection", lambda self, state, layout: None
         )
-    decoded = []
-    forward_backward = estimator_module.chain.forward_backward
-
-    def recorded(unary, pairwise, offsets):
-        decoded.append((unary.copy(), pairwise.copy()))
-        return forward_backward(unary, pairwise, offsets)
-
-    monkeypatch.setattr(estimator_module.chain, "forward_backward", recorded)
+    decoded = record_decoded_potentials(monkeypatch)
     model.predict_marginals(X_new)
     assert len(decoded) == 1  # one chunk, one component, all samples at once
     unary, pairwise = decoded[0]
@@ -2655,3 +2689,35 @@ def test_predict_marginals_draws_antithetic_pairs_about_the_mean(
         pairwise[1::2], 2 * model.pairwise_mean_ - pairwise[::2], atol=1e-12
     )
     assert np.abs(pairwise[::2] - model.pairwise_mean_).max() > 1e-3
+
+
+def test_blocks_of_samples_keep_the_unary_and_transition_pairs_together(
+    data, fitted, monkeypatch
+):
+    # A sequence sampled in blocks draws its unary pairs block by block,
+    # and the transitions' pairs come from one draw of all the samples:
+    # every block starts at an even sample, so a pair of unary samples is
+    # decoded with a pair of transitions (5 samples: blocks of 2, 2 and 1,
+    # the last unpaired).
+    _, _, X_test, _ = data
+    model = copy.deepcopy(fitted).set_params(
+        n_predict_samples=5, pairwise_uncertainty=True
+    )
+    X = list(X_test[:2])
+    V = len(model.classes_)
+    budget = 8 * V * min(len(x) for x in X) * 3  # 3 samples: blocks of 2
+    monkeypatch.setattr(estimator_module, "PREDICT_SAMPLE_BYTES", budget)
+    decoded = record_decoded_potentials(monkeypatch)
+    model.predict_marginals(X)
+    assert [len(u) for u, _ in decoded] == [2, 2, 1, 2, 2, 1]
+    pairwise_mean = model.pairwise_mean_
+    for sequence in (decoded[:3], decoded[3:]):
+        # a pair's sum is twice the mean: the same for every pair
+        sums = [u[0] + u[1] for u, _ in sequence[:2]]
+        np.testing.assert_allclose(sums[0], sums[1], rtol=0, atol=1e-4)
+        assert np.abs(sequence[0][0][0] - sequence[1][0][0]).max() > 1e-2
+        for _, pairwise in sequence[:2]:
+            np.testing.assert_allclose(
+                pairwise[0] + pairwise[1], 2 * pairwise_mean, atol=1e-12
+            )
+

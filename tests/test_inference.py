@@ -841,6 +841,8 @@ def test_antithetic_normal_pairs_each_draw_with_its_negation(axis, dtype):
         np.moveaxis(np.empty(half), 0, axis).shape, dtype=dtype
     )
     np.testing.assert_array_equal(pairs[::2], np.moveaxis(expected, axis, 0))
+    with pytest.raises(ValueError, match=r"axis must be in \[-3, 3\)"):
+        antithetic_normal(np.random.default_rng(0), shape, 3, dtype)
 
 
 @pytest.mark.parametrize("antithetic", [False, True])

@@ -10,6 +10,7 @@ from .._linalg import cholesky_backward, jitter_cholesky
 from .._sequences import (
     canonical_csr,
     column_positions,
+    hstack_csr,
     select_columns,
     without_stored_zeros,
 )
@@ -729,6 +730,41 @@ class InducingFeatures:
         return self._design_vjp(kernel, d_scales)
 
 
+@dataclass(frozen=True)
+class SamplingPosterior:
+    """A collapsed posterior as :meth:`CollapsedFeatures.sampling_design`'s
+    designs sample it: its model-level half
+    (:meth:`CollapsedFeatures.sampling_posterior`).
+
+    Attributes
+    ----------
+    loadings, loadings_t : CSR matrices of shape (n_collapsed, n_lone) and
+        its transpose
+        ``a_j`` of every lone feature in the row of its training token's
+        collapsed variable.
+    lone_scales, inverse_lone_scales : ndarray of shape (n_lone,)
+        The lone features' scales ``c_j`` and their reciprocals.
+    inverse_sigma : ndarray of shape (n_collapsed,)
+        ``1 / sigma_t`` of every collapsed variable.
+    scales : ndarray of shape (n_original + n_collapsed + 1,)
+        The design's feature scales (the original features', every
+        ``sigma_t``, the bias').
+    q_mu, q_sqrt : ndarray of shape (K, V, n_original + n_collapsed + 1)
+        The posterior of the design's weights: the kept features' and the
+        bias' marginals, lone features at the prior, the collapsed
+        variables' posterior.
+    """
+
+    loadings: sp.csr_matrix
+    loadings_t: sp.csr_matrix
+    lone_scales: np.ndarray
+    inverse_lone_scales: np.ndarray
+    inverse_sigma: np.ndarray
+    scales: np.ndarray
+    q_mu: np.ndarray
+    q_sqrt: np.ndarray
+
+
 class CollapsedFeatures(InducingFeatures):
     """Inducing features with each training token's lone features as one variable.
 
@@ -906,9 +942,10 @@ class CollapsedFeatures(InducingFeatures):
         d_original[self.lone] = (self._squares_t @ per_spread) * original[self.lone]
         return self._original().finish_gradient(kernel, original, d_original)
 
-    def sampling_design(self, X, scales, kernel, expanded, collapsed):
-        """A design and posterior on which sampling is exact for this
-        collapsed posterior (design.rst, "Lone features collapsed").
+    def sampling_posterior(self, scales, kernel, expanded, collapsed):
+        """The posterior on which sampling is exact for this collapsed
+        posterior (design.rst, "Lone features collapsed"), with
+        :meth:`sampling_design`'s design of the tokens.
 
         A token's lone features of training token ``t`` reach the
         potentials through ``sum_j v_j u_j`` (``v_j = x_j c_j``), and under
@@ -917,11 +954,12 @@ class CollapsedFeatures(InducingFeatures):
         weights. So every collapsed variable gets the column ``(a . v) /
         sigma_t`` (scale ``sigma_t``, its posterior) and every lone feature
         the value ``x_j - (a . v) a_j / c_j`` (its own scale, the prior).
-        Each token's row depends on its own features only.
+        Each token's row depends on its own features only. This half
+        depends on the model alone: computed once per prediction, it serves
+        every chunk's :meth:`sampling_design`.
 
         Parameters
         ----------
-        X : sparse matrix or ndarray of shape (n_tokens, n_original)
         scales : ndarray of shape (n_original + 1,)
             The original features' scales, then the bias'.
         kernel : Kernel
@@ -933,9 +971,7 @@ class CollapsedFeatures(InducingFeatures):
 
         Returns
         -------
-        X_s : CSR matrix of shape (n_tokens, n_original + n_collapsed)
-        scales_s : ndarray of shape (n_original + n_collapsed + 1,)
-        q_mu, q_sqrt : ndarray of shape (K, V, n_original + n_collapsed + 1)
+        SamplingPosterior
         """
         n, lone = self.n_original, self.lone
         n_kept, n_collapsed = self.kept.size, self.n_collapsed
@@ -945,16 +981,6 @@ class CollapsedFeatures(InducingFeatures):
              self.token_values.indptr),
             shape=self.token_values.shape,
         )  # (n_collapsed, n_lone): a_j in the row of its training token
-        X = sp.csr_matrix(X, dtype=np.float64)
-        X_lone = X[:, lone]
-        a_dot_v = X_lone.multiply(scales[lone]).tocsr() @ loadings.T
-        shift = (a_dot_v @ loadings).multiply(1.0 / scales[lone]).tocsr()
-        to_columns = sp.csr_matrix(
-            (np.ones(lone.size), (np.arange(lone.size), lone)), shape=(lone.size, n)
-        )
-        X_s = sp.hstack(
-            [X - shift @ to_columns, a_dot_v.multiply(1.0 / sigma)], format="csr"
-        )
         lone_prior = np.zeros(n + 1, dtype=bool)
         lone_prior[lone] = True
         columns = np.s_[..., n_kept : n_kept + n_collapsed]
@@ -965,7 +991,46 @@ class CollapsedFeatures(InducingFeatures):
                 [np.where(lone_prior, prior, marginal)[..., :n], fitted[columns],
                  marginal[..., n:]], axis=-1,
             ))
-        return X_s, np.concatenate([scales[:n], sigma, scales[n:]]), *out
+        return SamplingPosterior(
+            loadings=loadings,
+            loadings_t=loadings.T.tocsr(),
+            lone_scales=scales[lone],
+            inverse_lone_scales=1.0 / scales[lone],
+            inverse_sigma=1.0 / sigma,
+            scales=np.concatenate([scales[:n], sigma, scales[n:]]),
+            q_mu=out[0],
+            q_sqrt=out[1],
+        )
+
+    def sampling_design(self, X, posterior):
+        """The tokens' design for :meth:`sampling_posterior`'s posterior.
+
+        Parameters
+        ----------
+        X : sparse matrix or ndarray of shape (n_tokens, n_original)
+        posterior : SamplingPosterior
+
+        Returns
+        -------
+        X_s : CSR matrix of shape (n_tokens, n_original + n_collapsed)
+            Canonical. The original columns, the lone ones shifted, then
+            one column per collapsed variable.
+        """
+        lone = self.lone
+        X = canonical_csr(X)
+        X_lone = select_columns(X, lone)  # (a copy: scaled in place)
+        X_lone.data *= posterior.lone_scales[X_lone.indices]
+        a_dot_v = X_lone @ posterior.loadings_t  # (n_tokens, n_collapsed)
+        shift = a_dot_v @ posterior.loadings  # (n_tokens, n_lone)
+        # the lone columns in the original numbering (lone is increasing)
+        shift = sp.csr_matrix(
+            (shift.data * posterior.inverse_lone_scales[shift.indices],
+             lone[shift.indices], shift.indptr),
+            shape=X.shape,
+        )
+        a_dot_v = canonical_csr(a_dot_v)
+        a_dot_v.data *= posterior.inverse_sigma[a_dot_v.indices]
+        return hstack_csr([canonical_csr(X - shift), a_dot_v])
 
     def _loadings(self, kernel):
         """``a_j = x_tj c_j / sigma_t`` of every lone entry (entry order)."""

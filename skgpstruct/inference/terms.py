@@ -52,6 +52,7 @@ __all__ = [
     "expand_local",
     "antithetic_normal",
     "sample_unary",
+    "sample_unary_stacked",
 ]
 
 
@@ -319,13 +320,20 @@ def antithetic_normal(rng, shape, axis, dtype=np.float64):
     rng : numpy.random.Generator
     shape : tuple of int
     axis : int
-        The axis of the pairs (the samples' axis).
+        The axis of the pairs (the samples' axis), negative counting from
+        the end.
     dtype : {numpy.float64, numpy.float32}, default=numpy.float64
 
     Returns
     -------
     ndarray of shape ``shape``
     """
+    shape = tuple(shape)
+    if not -len(shape) <= axis < len(shape):
+        raise ValueError(
+            f"axis must be in [-{len(shape)}, {len(shape)}) for shape "
+            f"{shape}, got {axis}"
+        )
     axis = axis % len(shape)
     n = shape[axis]
     drawn = rng.standard_normal(
@@ -500,7 +508,7 @@ def sample_unary_stacked(
 
 def _independent_normal(rng, shape, axis, dtype=np.float64):
     """Independent standard normal draws: :func:`antithetic_normal`'s
-    signature, without pairs."""
+    signature, without pairs (so ``axis`` means nothing)."""
     return rng.standard_normal(shape, dtype=dtype)
 
 
