@@ -2721,3 +2721,22 @@ def test_blocks_of_samples_keep_the_unary_and_transition_pairs_together(
                 pairwise[0] + pairwise[1], 2 * pairwise_mean, atol=1e-12
             )
 
+
+
+def test_collapsed_sampling_design_without_its_lookup_table(lone_data, monkeypatch):
+    # predict_marginals picks the lone columns of a chunk through a lookup
+    # table built once per call, unless it would exceed COLUMN_LOOKUP_BYTES:
+    # then through a binary search, with the same marginals.
+    from skgpstruct.inference import inducing as inducing_module
+
+    X, y, X_test, _ = lone_data
+    model = GPStructClassifier(**FAST).fit(X, y)
+    assert hasattr(model, "_collapsed")
+    posterior = model._sampling_posterior(model._params())[2]
+    assert posterior.lone_positions is not None
+    expected = model.predict_marginals(X_test)
+    monkeypatch.setattr(inducing_module, "COLUMN_LOOKUP_BYTES", 0)
+    posterior = model._sampling_posterior(model._params())[2]
+    assert posterior.lone_positions is None
+    for a, b in zip(model.predict_marginals(X_test), expected, strict=True):
+        np.testing.assert_array_equal(a, b)

@@ -742,6 +742,10 @@ class SamplingPosterior:
         its transpose
         ``a_j`` of every lone feature in the row of its training token's
         collapsed variable.
+    lone_positions : ndarray of shape (n_original,) or None
+        Every original column's position among the lone ones (the lookup
+        table of :func:`~skgpstruct._sequences.column_positions`); None
+        above ``COLUMN_LOOKUP_BYTES`` (a binary search instead).
     lone_scales, inverse_lone_scales : ndarray of shape (n_lone,)
         The lone features' scales ``c_j`` and their reciprocals.
     inverse_sigma : ndarray of shape (n_collapsed,)
@@ -757,6 +761,7 @@ class SamplingPosterior:
 
     loadings: sp.csr_matrix
     loadings_t: sp.csr_matrix
+    lone_positions: np.ndarray | None
     lone_scales: np.ndarray
     inverse_lone_scales: np.ndarray
     inverse_sigma: np.ndarray
@@ -994,6 +999,9 @@ class CollapsedFeatures(InducingFeatures):
         return SamplingPosterior(
             loadings=loadings,
             loadings_t=loadings.T.tocsr(),
+            lone_positions=(
+                None if 4 * n > COLUMN_LOOKUP_BYTES else column_positions(lone, n)
+            ),
             lone_scales=scales[lone],
             inverse_lone_scales=1.0 / scales[lone],
             inverse_sigma=1.0 / sigma,
@@ -1018,11 +1026,13 @@ class CollapsedFeatures(InducingFeatures):
         """
         lone = self.lone
         X = canonical_csr(X)
-        X_lone = select_columns(X, lone)  # (a copy: scaled in place)
+        # (a copy: scaled in place)
+        X_lone = select_columns(X, lone, posterior.lone_positions)
         X_lone.data *= posterior.lone_scales[X_lone.indices]
         a_dot_v = X_lone @ posterior.loadings_t  # (n_tokens, n_collapsed)
-        shift = a_dot_v @ posterior.loadings  # (n_tokens, n_lone)
-        # the lone columns in the original numbering (lone is increasing)
+        shift = canonical_csr(a_dot_v @ posterior.loadings)  # (n_tokens, n_lone)
+        # the lone columns in the original numbering (lone is increasing:
+        # still canonical, so that the difference below is too)
         shift = sp.csr_matrix(
             (shift.data * posterior.inverse_lone_scales[shift.indices],
              lone[shift.indices], shift.indptr),
