@@ -1016,7 +1016,7 @@ CollapsedFeatures`). The posterior family is richer than the mean-field
         antithetic pairs (a draw of the potentials and its reflection about
         their posterior mean; an odd number ends with one unpaired draw).
         On the Table 1 folds 16 paired draws estimate the marginals about
-        as accurately as 32 independent ones, in 0.5 to 0.75 times their
+        as accurately as 32 independent ones, in 0.47 to 0.75 times their
         time on larger test sets (:doc:`/benchmarks`, "Antithetic draws in
         predict_marginals").
     pairwise_uncertainty : bool, default=False
