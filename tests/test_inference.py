@@ -46,6 +46,7 @@ from skgpstruct.inference.terms import (
     SharedState,
     antithetic_normal,
     chunk_terms,
+    sample_unary,
     sample_unary_stacked,
 )
 from skgpstruct.kernels import GroupedLinearKernel, LinearKernel, RBFKernel
@@ -1686,3 +1687,39 @@ def test_distinct_rows_compares_sparse_rows_by_value():
     dense = rows.toarray()
     np.testing.assert_array_equal(distinct_rows(rows), distinct_rows(dense))
     np.testing.assert_array_equal(distinct_rows(rows), [0, 1, 4])
+
+
+@pytest.mark.parametrize("points", [False, True])
+def test_per_row_samples_in_pairs_mirror_the_mean(points):
+    # sample_unary (one draw per inducing variable, then the residual, which
+    # inducing points have) in antithetic pairs: the second of each pair is
+    # the first reflected about the closed-form mean B_n^T q_mu of every
+    # sequence. Pairs are never taken from the fit's cache of base samples.
+    X, X_chunk, offsets, kernel = _stacked_problem(False, np.random.default_rng(6))
+    if points:
+        inducing = InducingPoints(X[distinct_rows(X)[:4]])
+    else:
+        inducing = InducingFeatures(X.shape[1])
+    state = inducing.prepare(kernel)
+    params = _random_params(np.random.default_rng(7), 2, False, M=inducing.n_inducing)
+    projection = inducing.project(kernel, state, X_chunk, offsets)
+    residual_sd = np.sqrt(projection.residual)
+    assert (residual_sd.max() > 0.1) == points
+    f, _, _ = sample_unary(
+        params, projection, residual_sd, 6, np.random.default_rng(8),
+        antithetic=True,
+    )
+    assert f.shape == (2, 6, offsets[-1], V)
+    for n, (rows, B_n) in enumerate(zip(projection.rows, projection.B, strict=True)):
+        t0, t1 = offsets[n], offsets[n + 1]
+        if t1 == t0:
+            continue
+        q_mu = params.q_mu if rows is None else params.q_mu[:, :, rows]
+        mean = np.einsum("rt,kvr->ktv", B_n, q_mu)
+        np.testing.assert_allclose(
+            f[:, 1::2, t0:t1], 2 * mean[:, None] - f[:, ::2, t0:t1], atol=1e-10
+        )
+        assert np.abs(f[:, ::2, t0:t1] - mean[:, None]).max() > 1e-2
+    with pytest.raises(ValueError, match="antithetic samples are not cached"):
+        sample_unary(params, projection, residual_sd, 6, np.random.default_rng(8),
+                     cache={}, antithetic=True)

@@ -360,8 +360,7 @@ def _inducing_noise(params, sizes, S, rng, noise=None, antithetic=False):
     """
     K, V, _ = params.q_mu.shape
     if noise is None:
-        normal = antithetic_normal if antithetic else _independent_normal
-        noise = normal(rng, (K * V * sum(sizes), S), 1).ravel()
+        noise = _normal(rng, (K * V * sum(sizes), S), 1, antithetic).ravel()
     pieces, start = [], 0
     for size in sizes:
         pieces.append(noise[start : start + K * V * size * S].reshape(K, V, size, S))
@@ -442,8 +441,7 @@ def sample_unary(
             unary[:, :, t0:t1, :] = f_n.transpose(1, 2, 0, 3)
         t0 = t1
     if xi is None:
-        normal = antithetic_normal if antithetic else _independent_normal
-        xi = normal(rng, (K, S, T, V), 1)
+        xi = _normal(rng, (K, S, T, V), 1, antithetic)
         if cache is not None:
             if noise.nbytes + xi.nbytes <= NOISE_CACHE_BYTES:
                 cache[key] = (noise, xi)
@@ -496,19 +494,21 @@ def sample_unary_stacked(
     drawn_starts = np.searchsorted(split.drawn, row_starts)
     eps = np.empty((split.drawn.size, K * V, S), dtype=dtype)
     xi = np.empty((K, S, split.n_tokens, V), dtype=dtype)
-    normal = antithetic_normal if antithetic else _independent_normal
     for n, rng in enumerate(rngs):
         d0, d1 = drawn_starts[n], drawn_starts[n + 1]
         t0, t1 = offsets[n], offsets[n + 1]
-        eps[d0:d1] = normal(rng, (d1 - d0, K * V, S), 2, dtype)
-        xi[:, :, t0:t1] = normal(rng, (K, S, t1 - t0, V), 1, dtype)
+        eps[d0:d1] = _normal(rng, (d1 - d0, K * V, S), 2, antithetic, dtype)
+        xi[:, :, t0:t1] = _normal(rng, (K, S, t1 - t0, V), 1, antithetic, dtype)
     state = _stacked_state(params, stacked, 0.0, dtype)
     return _stacked_unary(state, eps, xi)
 
 
-def _independent_normal(rng, shape, axis, dtype=np.float64):
-    """Independent standard normal draws: :func:`antithetic_normal`'s
-    signature, without pairs (so ``axis`` means nothing)."""
+def _normal(rng, shape, axis, antithetic, dtype=np.float64):
+    """Standard normal draws of ``shape``: in antithetic pairs along
+    ``axis`` (:func:`antithetic_normal`), or independent (``axis`` unused),
+    the generator's stream as ``rng.standard_normal(shape)`` draws it."""
+    if antithetic:
+        return antithetic_normal(rng, shape, axis, dtype)
     return rng.standard_normal(shape, dtype=dtype)
 
 
