@@ -877,6 +877,11 @@ class GPStructClassifier(BaseEstimator):
         Mixture components K of the posterior over inducing variables.
     covariance : {"full", "diag"}, default="diag"
         Full (lower-triangular factor) or diagonal posterior covariances.
+        With ``inducing="auto"``, ``"full"`` also changes the inducing
+        variables: ``n_inducing`` k-means++ inducing points instead of every
+        feature's weight (whose full covariance would be an M x M matrix
+        per label), an approximation that is slower and, on the CRF++ sets,
+        less accurate than the default.
     likelihood : {"crf", "pseudo"}, Likelihood or callable, default="crf"
         The sequence likelihood: ``"crf"`` the exact linear chain, ``"pseudo"``
         Sutton and McCallum's piecewise pseudo-likelihood over the chain's
@@ -1079,8 +1084,8 @@ GroupedLinearKernel`: automatic relevance determination per group).
         gives the same model for any ``n_jobs`` and backend. A RandomState
         or Generator is drawn from at every fit (so refits differ), as
         scikit-learn's estimators do with a RandomState.
-    verbose : int, default=0
-        If positive, print one progress line per iteration.
+    verbose : int or bool, default=0
+        If positive (or True), print one progress line per iteration.
     warm_start : bool, default=False
         Start from the previous fit's inducing points, hyperparameters and
         posterior (same classes and features required): ``kernel``,
@@ -1308,7 +1313,8 @@ GroupedLinearKernel`: automatic relevance determination per group).
                 "gradient='score' needs n_samples >= 2 (16 or more "
                 f"recommended), got n_samples={self.n_samples}"
             )
-        _check_integer(self, "verbose", 0)
+        if not isinstance(self.verbose, (bool, np.bool_)):  # True: as 1
+            _check_integer(self, "verbose", 0)
         check_n_jobs(self.n_jobs)
         for name in ("tol", "pairwise_prior_variance", "learning_rate"):
             value = getattr(self, name)
@@ -1473,6 +1479,13 @@ GroupedLinearKernel`: automatic relevance determination per group).
                 "y mixes label types that cannot be ordered (for example "
                 "strings and integers); give all labels as one type"
             ) from None
+        if len(classes) < 2:
+            where = "y and classes hold" if partial else "y holds"
+            raise ValueError(
+                f"{where} a single label ({classes.tolist()[0]!r}); a tagger "
+                "needs at least two labels to tell apart (check which column "
+                "of the data the labels were read from)"
+            )
         X_all, offsets = stack_sequences(sequences)
         n_features = X_all.shape[1]
         if n_features == 0:

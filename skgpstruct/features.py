@@ -92,8 +92,19 @@ def _read_template(template):
             "template must be the text of a CRF++ template or the path of a "
             f"template file (str or path-like), got {type(template).__name__}"
         )
-    if "\n" not in template and (os.path.isfile(template) or os.path.isdir(template)):
-        return _read_template_file(template), template
+    if "\n" not in template:
+        if os.path.isfile(template) or os.path.isdir(template):
+            return _read_template_file(template), template
+        if "%" not in template:
+            # Most likely a template file's path with a typo: as text, a line
+            # such as 'Unigram.template' would be one constant feature.
+            raise ValueError(
+                f"template {template!r} is not an existing file (current "
+                f"directory {os.getcwd()!r}), and as template text it has no "
+                "%x[row,col] macro; give the path of a template file, or the "
+                "template's text (a one-line template without a macro, such "
+                "as a bare 'U' or 'B', ends with a newline: 'U\\n')"
+            )
     return template, None
 
 
@@ -367,9 +378,12 @@ class CRFppTemplateVectorizer(
     template : str or path-like
         The CRF++ template: its text, or the path of a template file. A
         string without a newline that names an existing file is read as a
-        path. Lines ``Uxx:...%x[row,col]...`` and ``Bxx...``; a line that is
-        just ``U`` or ``B`` has no macro (``U`` is then a bias feature);
-        ``#`` comments and blank lines are ignored.
+        path; one that names no file and has no ``%x[row,col]`` macro (no
+        ``%`` at all) is refused as a missing file (one-line template text
+        without a macro ends with a newline, e.g. ``"U\\n"``). Lines
+        ``Uxx:...%x[row,col]...`` and ``Bxx...``; a line that is just ``U``
+        or ``B`` has no macro (``U`` is then a bias feature); ``#`` comments
+        and blank lines are ignored.
     min_count : int, default=1
         Keep features that occur at least this many times in the training
         sequences, counted as CRF++'s ``-f`` option counts them: once per

@@ -1313,7 +1313,7 @@ BAD_PARAMS = [
          r"n_jobs must be None or a non-zero integer \(-1 for all cores\)")
         for value in (0, "two", 1.5, True)
     ),
-    ({"verbose": True}, r"verbose must be an integer >= 0, got True"),
+    ({"verbose": 1.5}, r"verbose must be an integer >= 0, got 1.5"),
     ({"verbose": -1}, r"verbose must be an integer >= 0"),
     (
         {"likelihood": UnaryOnlyLikelihood(), "gradient": "pathwise"},
@@ -1631,6 +1631,39 @@ def test_verbose_prints_iteration_elbo_and_seconds(data, capsys, mode):
         warnings.simplefilter("ignore", ConvergenceWarning)
         GPStructClassifier(verbose=0, **{**FAST, **mode}).fit(X, y)
     assert capsys.readouterr().out == ""
+
+
+def test_verbose_true_and_false_as_scikit_learn_users_write_them(data, capsys):
+    # verbose=True prints what verbose=1 prints; False what 0 prints.
+    X, y, _, _ = data
+    outputs = {}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ConvergenceWarning)
+        for verbose in (1, True, 0, False):
+            GPStructClassifier(verbose=verbose, **{**FAST, "max_iter": 3}).fit(X, y)
+            outputs[verbose] = capsys.readouterr().out
+    strip = re.compile(r"\d+\.\d+ s$", re.M)  # the seconds differ between fits
+    assert outputs[1].count("iteration") == 3
+    assert strip.sub("", outputs[True]) == strip.sub("", outputs[1])
+    assert outputs[False] == outputs[0] == ""
+    with pytest.raises(ValueError, match="verbose must be an integer >= 0"):
+        GPStructClassifier(verbose=-1).fit(X, y)
+
+
+@pytest.mark.parametrize("labels", [[0], ["O"]], ids=["int", "str"])
+def test_a_single_label_is_refused(data, labels):
+    # A tagger fitted to one label would give it probability 1 everywhere:
+    # most likely the labels were read from the wrong column.
+    X, y, _, _ = data
+    single = [np.full(len(t), labels[0]) for t in y]
+    with pytest.raises(ValueError, match=r"y holds a single label \((0|'O')\)"):
+        GPStructClassifier(**FAST).fit(X, single)
+    with pytest.raises(ValueError, match="y and classes hold a single label"):
+        GPStructClassifier(**FAST).partial_fit(X, single, classes=labels)
+    # A piece that shows one label of several is a normal piece.
+    classes = [0, 1, 2] if labels == [0] else ["B", "I", "O"]
+    model = GPStructClassifier(**FAST).partial_fit(X, single, classes=classes)
+    assert model.classes_.tolist() == classes
 
 
 def test_convergence_warning_when_max_iter_is_tiny(data):

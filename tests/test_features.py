@@ -76,12 +76,39 @@ def test_lines_without_macros_comments_and_braces():
         ("U00:%x[0,-1]", "does not start a macro"),
         ("# c\nU00:%x[9,0]", r"template line 2: .*row offset 9; CRF\+\+ accepts"),
         ("B00:%x[a,0]", "template line 1"),
-        ("nonexistent_template_file", "if this is a file path, no such file"),
+        ("X01:%x[0,0]", "if this is a file path, no such file"),
     ],
 )
 def test_bad_template_lines(template, message):
     with pytest.raises(ValueError, match=message):
         CRFppTemplateVectorizer(template).fit([DOC_SEQUENCE])
+
+
+@pytest.mark.parametrize(
+    "path",
+    ["nonexistent_template_file", "Unigram.template", "BaseNP/template", "U", "B"],
+)
+def test_a_missing_template_file_is_not_read_as_template_text(path, tmp_path,
+                                                              monkeypatch):
+    # One line without a newline or a macro, naming no file: a path with a
+    # typo, not a template. As text, "Unigram.template" would be a single
+    # constant feature and "BaseNP/template" a transitions-only template.
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ValueError, match=(
+        rf"template '{path}' is not an existing file \(current directory .*"
+        r"no %x\[row,col\] macro"
+    )):
+        CRFppTemplateVectorizer(path).fit([DOC_SEQUENCE])
+    with pytest.raises(ValueError, match="is not an existing file"):
+        expand_crfpp_template(path, DOC_SEQUENCE)
+    # The same file, once it exists, is read; and one-line text ending with
+    # a newline is template text.
+    (tmp_path / path).parent.mkdir(parents=True, exist_ok=True)
+    (tmp_path / path).write_text("U00:%x[0,0]\n")
+    names = CRFppTemplateVectorizer(path).fit([DOC_SEQUENCE]).get_feature_names_out()
+    assert "U00:He" in names.tolist()
+    assert expand_crfpp_template("U\n", [["a"], ["b"]]) == [["U"], ["U"]]
+    assert expand_crfpp_template("U:%x[0,0]", [["a"]]) == [["U:a"]]
 
 
 def test_column_beyond_token_columns_names_line_sequence_and_token():
@@ -485,7 +512,7 @@ def test_template_with_no_feature_column_gives_empty_groups():
     # Transitions only, or min_count above every count: (T, 0) matrices and
     # no group (the groups check refused them, naming feature_groups).
     tokens = [[["a"], ["b"]], [["c"]]]
-    for params in ({"template": "B"}, {"template": "U00:%x[0,0]", "min_count": 5}):
+    for params in ({"template": "B\n"}, {"template": "U00:%x[0,0]", "min_count": 5}):
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
             X = CRFppTemplateVectorizer(**params).fit_transform(tokens)
