@@ -1276,7 +1276,9 @@ GroupedLinearKernel`: automatic relevance determination per group).
         _check_integer(self, "n_predict_samples", 1)
         _check_flag(self, "pairwise_uncertainty")
 
-    def _check_params(self):
+    def _check_params(self, partial=False):
+        """Check the parameters (``partial``: for :meth:`partial_fit`); return
+        the likelihood."""
         for name in _OPTIONS:
             _check_option(self, name)
         for name, low in (
@@ -1334,11 +1336,23 @@ GroupedLinearKernel`: automatic relevance determination per group).
                 f"validation_fraction must be a number in (0, 1), got {fraction!r}"
             )
         likelihood = get_likelihood(self.likelihood)
-        if self.gradient == "pathwise" and not likelihood.has_gradient:
-            raise ValueError(
-                f"gradient='pathwise' needs a likelihood with a gradient; "
-                f"{likelihood!r} provides only log p(y | f): use gradient='score'"
-            )
+        # (inference='ess' refuses every likelihood but the chain's, below)
+        if not likelihood.has_gradient and self.inference != "ess":
+            if partial or self.optimizer == "stochastic":
+                what = "partial_fit" if partial else "optimizer='stochastic'"
+                raise ValueError(
+                    f"{what} runs SAGA with the pathwise estimator, which needs "
+                    f"a likelihood with a gradient; {likelihood!r} provides "
+                    "only log p(y | f), whose score estimator "
+                    "(gradient='score') is available with fit and "
+                    "optimizer='lbfgs' only"
+                )
+            if self.gradient == "pathwise":
+                raise ValueError(
+                    f"gradient='pathwise' needs a likelihood with a gradient; "
+                    f"{likelihood!r} provides only log p(y | f): use "
+                    "gradient='score'"
+                )
         return likelihood
 
     def _rng(self):
@@ -1436,7 +1450,7 @@ GroupedLinearKernel`: automatic relevance determination per group).
         return self._fit(X, y, classes=classes, partial=True)
 
     def _fit(self, X, y, classes=None, partial=False):
-        likelihood = self._check_params()
+        likelihood = self._check_params(partial=partial)
         # (found again from the fit's own mean; the old one's can be 8 MB)
         self.__dict__.pop("_centred_columns_of", None)
         optimizer = "stochastic" if partial else self.optimizer

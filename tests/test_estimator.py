@@ -1666,6 +1666,22 @@ def test_a_single_label_is_refused(data, labels):
     assert model.classes_.tolist() == classes
 
 
+def test_score_fit_with_an_empty_sequence_is_silent_and_unchanged(data):
+    # A zero-length training sequence took the mean of an empty diagonal in
+    # the score estimator's per-sequence Gaussian: NumPy's RuntimeWarnings
+    # at every evaluation, though the fit was the one without it.
+    X, y, _, _ = data
+    X_empty = [*X[:10], np.zeros((0, X[0].shape[1]))]
+    y_empty = [*y[:10], np.zeros(0, dtype=y[0].dtype)]
+    params = {**FAST, "gradient": "score", "n_samples": 4, "max_iter": 3}
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ConvergenceWarning)
+        warnings.simplefilter("error", RuntimeWarning)
+        with_empty = GPStructClassifier(**params).fit(X_empty, y_empty)
+        without = GPStructClassifier(**params).fit(X[:10], y[:10])
+    assert with_empty.elbo_history_ == without.elbo_history_
+
+
 def test_convergence_warning_when_max_iter_is_tiny(data):
     X, y, _, _ = data
     with pytest.warns(ConvergenceWarning, match="did not converge in 1 iter"):

@@ -663,6 +663,33 @@ def test_callable_with_pathwise_gradient_is_refused(data):
         model.fit(X, y)
 
 
+@pytest.mark.parametrize(
+    "params, method, message",
+    [
+        ({"optimizer": "stochastic"}, "fit",
+         r"optimizer='stochastic' runs SAGA with the pathwise estimator.*"
+         r"gradient='score'\) is available with fit and optimizer='lbfgs' only"),
+        ({"optimizer": "stochastic", "gradient": "score"}, "fit",
+         r"optimizer='stochastic' runs SAGA"),
+        ({}, "partial_fit",
+         r"partial_fit runs SAGA with the pathwise estimator.*optimizer='lbfgs' only"),
+        ({"inference": "ess"}, "fit",
+         r"inference='ess' samples with the exact chain likelihood only"),
+    ],
+    ids=["stochastic", "stochastic-score", "partial_fit", "ess"],
+)
+def test_callable_refused_where_no_estimator_serves_it(data, params, method, message):
+    # The first error names the restriction that applies: it advised
+    # gradient='score' where the score estimator is not available either.
+    X, y, _, _ = data
+    model = GPStructClassifier(likelihood=chain_loglik_numpy, **params)
+    with pytest.raises(ValueError, match=message):
+        if method == "fit":
+            model.fit(X, y)
+        else:
+            model.partial_fit(X, y, classes=np.unique(np.concatenate(y)))
+
+
 def _batch(S=2, T=5, V=3):
     offsets = np.array([0, 2, 5])
     return np.zeros((S, T, V)), np.zeros((S, V, V)), offsets, np.zeros(T, dtype=int)

@@ -868,7 +868,8 @@ def _sequence_marginal(params, rows, B_n, residual_sd_n):
     # Gaussian densities must be one smooth function of the parameters
     # (a jitter switched on at some points only would make L-BFGS's line
     # searches see a jump); with it the matrix is positive definite.
-    mean_var = np.mean(cov[..., idx, idx], axis=-1)[..., None]
+    # (the mean, written out: np.mean warns on a zero-length sequence)
+    mean_var = cov[..., idx, idx].sum(axis=-1)[..., None] / max(idx.size, 1)
     cov[..., idx, idx] += 1e-8 * (mean_var + 1e-12)
     return mean, np.linalg.cholesky(cov)
 
@@ -1043,6 +1044,15 @@ def _score(chunk, shared, projection, residual_sd, rng):
             np.einsum("kvts,kvus,ks->kvtu", z, z, centred)
             - sigma_inv * centred.sum(axis=1)[:, None, None, None]
         )
+        # Through _sequence_marginal's jitter, 1e-8 times the mean of the
+        # diagonal added to it: to the covariance before the jitter. Not
+        # negligible where the jitter alone makes Sigma invertible (more
+        # tokens than inducing variables, no residual): there Sigma^-1, so
+        # g_sigma, is of order 1e8 / the mean variance.
+        idx = np.arange(Tn)
+        g_sigma[..., idx, idx] += (1e-8 / Tn) * np.einsum("kvtt->kv", g_sigma)[
+            ..., None
+        ]
         # b = m[rows] B_n, Sigma = B_n^T S[rows, rows] B_n + diag(r): chain rule.
         q_sqrt_rows = _rows(params.q_sqrt, rows)
         BgB = B_n @ g_sigma @ B_n.T  # (K, V, rows, rows): d/dS[rows, rows]
