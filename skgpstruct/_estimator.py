@@ -1744,6 +1744,7 @@ GroupedLinearKernel`: automatic relevance determination per group).
 
         params, theta = layout.unpack(result.x)
         self.classes_ = classes
+        self._fitted_likelihood = likelihood
         self.n_features_in_ = n_features
         self.feature_mean_ = feature_mean
         self.inducing_ = inducing
@@ -1960,6 +1961,7 @@ GroupedLinearKernel`: automatic relevance determination per group).
                      "_collapsed"):
             self.__dict__.pop(name, None)
         self.classes_ = classes
+        self._fitted_likelihood = likelihood
         self.n_features_in_ = X_all.shape[1]
         self.kernel_ = kernel
         self.pairwise_mean_ = self.ess_.pairwise_mean
@@ -2486,9 +2488,12 @@ GroupedLinearKernel`: automatic relevance determination per group).
         return self.predict_marginals(X)
 
     def _decoding_pairwise(self, pairwise):
-        """The transitions the chain decodes with (the likelihood says how),
-        checked: a user's likelihood may return anything."""
-        likelihood = get_likelihood(self.likelihood)
+        """The transitions the chain decodes with (the fitted likelihood says
+        how, whatever ``likelihood`` was set to since), checked: a user's
+        likelihood may return anything."""
+        likelihood = getattr(self, "_fitted_likelihood", None)
+        if likelihood is None:  # a model saved before the fit kept it
+            likelihood = get_likelihood(self.likelihood)
         out = _checked(
             likelihood, "transition matrix", likelihood.decoding_pairwise(pairwise),
             pairwise.shape, where=" from decoding_pairwise",

@@ -1682,6 +1682,31 @@ def test_score_fit_with_an_empty_sequence_is_silent_and_unchanged(data):
     assert with_empty.elbo_history_ == without.elbo_history_
 
 
+@pytest.mark.parametrize("fitted_with, set_to", [("crf", "pseudo"), ("pseudo", "crf")])
+def test_prediction_uses_the_fitted_likelihood(data, fitted_with, set_to):
+    # The likelihood decides the transitions the chain decodes with; it was
+    # read from the parameter at prediction time, so set_params without a
+    # refit changed a fitted model's predictions (a probing session: 111 of
+    # 283 tokens).
+    X, y, X_test, _ = data
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ConvergenceWarning)
+        model = GPStructClassifier(likelihood=fitted_with, **FAST).fit(X, y)
+    before = model.predict(X_test), model.predict_marginals(X_test)
+    model.set_params(likelihood=set_to)
+    after = model.predict(X_test), model.predict_marginals(X_test)
+    for old, new in zip(before, after, strict=True):
+        for a, b in zip(old, new, strict=True):
+            np.testing.assert_array_equal(a, b)
+    # ... and a refit takes the new one: the decoding transitions differ.
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ConvergenceWarning)
+        model.fit(X, y)
+    assert type(model._fitted_likelihood).__name__ == (
+        "ChainCRF" if set_to == "crf" else "PiecewisePseudoLikelihood"
+    )
+
+
 def test_convergence_warning_when_max_iter_is_tiny(data):
     X, y, _, _ = data
     with pytest.warns(ConvergenceWarning, match="did not converge in 1 iter"):
