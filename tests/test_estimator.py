@@ -1698,13 +1698,17 @@ def test_prediction_uses_the_fitted_likelihood(data, fitted_with, set_to):
     for old, new in zip(before, after, strict=True):
         for a, b in zip(old, new, strict=True):
             np.testing.assert_array_equal(a, b)
-    # ... and a refit takes the new one: the decoding transitions differ.
+    # ... and a refit takes the new one: the model of a fresh fit with it.
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", ConvergenceWarning)
         model.fit(X, y)
+        fresh = GPStructClassifier(likelihood=set_to, **FAST).fit(X, y)
     assert type(model._fitted_likelihood).__name__ == (
         "ChainCRF" if set_to == "crf" else "PiecewisePseudoLikelihood"
     )
+    for a, b in zip(model.predict_marginals(X_test), fresh.predict_marginals(X_test),
+                    strict=True):
+        np.testing.assert_array_equal(a, b)
 
 
 def test_convergence_warning_when_max_iter_is_tiny(data):
@@ -2794,7 +2798,6 @@ def test_blocks_of_samples_keep_the_unary_and_transition_pairs_together(
             np.testing.assert_allclose(
                 pairwise[0] + pairwise[1], 2 * pairwise_mean, atol=1e-12
             )
-
 
 
 def test_collapsed_sampling_design_without_its_lookup_table(lone_data, monkeypatch):

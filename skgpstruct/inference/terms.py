@@ -44,6 +44,10 @@ from ..likelihoods.base import LikelihoodOutputError
 # Largest size of the base samples a chunk keeps between evaluations.
 NOISE_CACHE_BYTES = 64 * 2**20
 
+#: Relative jitter on the diagonal of a sequence's Gaussian q(f_n) (times
+#: the mean of its variances), always added: see :func:`_sequence_marginal`.
+SEQUENCE_JITTER = 1e-8
+
 __all__ = [
     "Chunk",
     "SharedState",
@@ -870,7 +874,7 @@ def _sequence_marginal(params, rows, B_n, residual_sd_n):
     # searches see a jump); with it the matrix is positive definite.
     # (the mean, written out: np.mean warns on a zero-length sequence)
     mean_var = cov[..., idx, idx].sum(axis=-1)[..., None] / max(idx.size, 1)
-    cov[..., idx, idx] += 1e-8 * (mean_var + 1e-12)
+    cov[..., idx, idx] += SEQUENCE_JITTER * (mean_var + 1e-12)
     return mean, np.linalg.cholesky(cov)
 
 
@@ -1044,15 +1048,15 @@ def _score(chunk, shared, projection, residual_sd, rng):
             np.einsum("kvts,kvus,ks->kvtu", z, z, centred)
             - sigma_inv * centred.sum(axis=1)[:, None, None, None]
         )
-        # Through _sequence_marginal's jitter, 1e-8 times the mean of the
-        # diagonal added to it: to the covariance before the jitter. Not
-        # negligible where the jitter alone makes Sigma invertible (more
+        # Through _sequence_marginal's jitter, SEQUENCE_JITTER times the mean
+        # of the diagonal added to it: to the covariance before the jitter.
+        # Not negligible where the jitter alone makes Sigma invertible (more
         # tokens than inducing variables, no residual): there Sigma^-1, so
-        # g_sigma, is of order 1e8 / the mean variance.
+        # g_sigma, is of order 1 / (SEQUENCE_JITTER * the mean variance).
         idx = np.arange(Tn)
-        g_sigma[..., idx, idx] += (1e-8 / Tn) * np.einsum("kvtt->kv", g_sigma)[
-            ..., None
-        ]
+        g_sigma[..., idx, idx] += (SEQUENCE_JITTER / Tn) * np.einsum(
+            "kvtt->kv", g_sigma
+        )[..., None]
         # b = m[rows] B_n, Sigma = B_n^T S[rows, rows] B_n + diag(r): chain rule.
         q_sqrt_rows = _rows(params.q_sqrt, rows)
         BgB = B_n @ g_sigma @ B_n.T  # (K, V, rows, rows): d/dS[rows, rows]
