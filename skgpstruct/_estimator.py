@@ -913,7 +913,9 @@ class GPStructClassifier(BaseEstimator):
         ``learning_rate / sqrt(epoch)`` (half that for the kernel and
         pairwise-prior hyperparameters). ``max_iter`` then counts epochs, and
         the fit stops after ``n_iter_no_change`` epochs whose ELBO estimate
-        does not beat the best epoch so far by ``tol`` (relative). The
+        does not beat the best epoch so far by ``tol * max(|best|, 1)``
+        (relative, but absolute below 1: so for the per-token held-out
+        score of ``early_stopping``). The
         estimate is kept as SAGA keeps its gradients: the last value of
         every mini-batch's expected log-likelihood, summed, minus the KL
         terms at the epoch's end. The posterior returned is the average of
@@ -945,12 +947,20 @@ class GPStructClassifier(BaseEstimator):
         ``validation_fraction`` of the training sequences and stop on their
         expected log-likelihood under the posterior (the held-out part of
         the ELBO, estimated with fixed samples) instead of the training
-        ELBO's trend; the posterior of the best epoch is kept.
+        ELBO's trend; the posterior of the best epoch is kept. Held out
+        from the optimisation only: their features (not their labels) count
+        in ``feature_mean_``, the initial kernel and the choice of inducing
+        points, as every training sequence's does. The split is the same in
+        a warm-started fit with an integer ``random_state`` (and the same
+        data), a new one with a Generator or None.
     validation_fraction : float, default=0.1
         Fraction of the training sequences held out when
         ``early_stopping=True`` (at least one sequence).
     tol : float, default=1e-5
-        Relative change of the ELBO under which the optimisation stops. On
+        Relative change of the ELBO under which the optimisation stops:
+        ``|change| / max(|ELBO|, 1)`` over an L-BFGS iteration (or a
+        gradient entry below it); for the stochastic optimiser see
+        ``optimizer``. On
         the dev splits before 757c9b3 (basenp, chunking, JapaneseNE) 1e-5
         gave the error of 1e-6 in about half the time, and 1e-4 was 0.1 to
         0.7 points worse on basenp, chunking and seg; on the dev splits
@@ -1100,6 +1110,9 @@ GroupedLinearKernel`: automatic relevance determination per group).
         ``random_state``), and starts them
         afresh otherwise; they are kept after a stochastic fit only with
         ``warm_start=True`` (they can take more memory than the posterior).
+        Not available with ``inference="ess"``, nor after an ESS fit (there
+        is no variational posterior to continue; the error says how to
+        start from its hyperparameters).
 
     Attributes
     ----------
@@ -1150,11 +1163,17 @@ GroupedLinearKernel`: automatic relevance determination per group).
         as tight) plus, with ``hyperprior_scale``, the hyperprior's log
         density without its constant (0 at the initial hyperparameters).
         With ``optimizer="stochastic"``, one entry per epoch: the estimate
-        its stopping rule compares (see ``optimizer``), from fresh Monte
-        Carlo samples, so not exactly comparable with a batch fit's. With
+        its stopping rule compares (see ``optimizer``; with
+        ``early_stopping`` the rule compares ``validation_score_history_``),
+        from fresh Monte Carlo samples, so not exactly comparable with a
+        batch fit's. With
         ``gradient="score"``, after every round's step: the importance-
         weighted estimate on the samples drawn at the round's start.
     n_iter_ : int
+        Iterations (L-BFGS), epochs (stochastic) or ESS iterations of the
+        last call only: a warm-started fit counts its own, each
+        ``partial_fit`` call its one epoch (``elbo_history_`` holds them
+        all).
     ess_ : ESSPosterior
         Only with ``inference="ess"``: the kept samples (the variational
         attributes ``q_mu_`` etc. are then absent).
@@ -1172,8 +1191,10 @@ GroupedLinearKernel`: automatic relevance determination per group).
         Only after ``optimizer="stochastic"`` with ``early_stopping=True``:
         the held-out expected log-likelihood per token after every epoch. A
         warm-started fit appends its epochs, as to ``elbo_history_``, when
-        the fit it continues held sequences out too; otherwise the list
-        covers its own epochs, the last ``n_iter_`` of ``elbo_history_``.
+        the fit it continues held sequences out too (the same ones only with
+        an integer ``random_state``: see ``early_stopping``); otherwise the
+        list covers its own epochs, the last ``n_iter_`` of
+        ``elbo_history_``.
 
     Notes
     -----
@@ -1335,6 +1356,13 @@ GroupedLinearKernel`: automatic relevance determination per group).
             raise ValueError(
                 f"validation_fraction must be a number in (0, 1), got {fraction!r}"
             )
+        if self.inference == "ess" and self.warm_start:
+            # On every fit, not only on a refit: whether a parameter is
+            # accepted does not depend on the estimator's history.
+            raise ValueError(
+                "warm_start=True is not available with inference='ess' (each "
+                "ESS fit samples afresh); set warm_start=False"
+            )
         likelihood = get_likelihood(self.likelihood)
         # (inference='ess' refuses every likelihood but the chain's, below)
         if not likelihood.has_gradient and self.inference != "ess":
@@ -1402,6 +1430,9 @@ GroupedLinearKernel`: automatic relevance determination per group).
         Sparse sequences are read by their values: explicitly stored zeros
         are dropped (on a copy), so any storage of the same values gives the
         same model.
+
+        A fit that fails (an error above, a diverging stochastic fit, an
+        interrupt) leaves a fitted estimator as it was before the call.
         """
         return self._fit(X, y)
 
@@ -1416,7 +1447,9 @@ GroupedLinearKernel`: automatic relevance determination per group).
         features are centred, those active at most of its tokens). Always
         uses the SAGA optimiser, whatever ``optimizer`` says: one epoch, a
         step on each mini-batch of ``batch_size`` sequences of this piece
-        once, in a random order.
+        once, in a random order. Not available with ``inference="ess"``,
+        nor after an ESS fit (no variational posterior to continue). A call
+        that fails leaves the estimator as it was.
 
         Parameters
         ----------
@@ -1439,18 +1472,45 @@ GroupedLinearKernel`: automatic relevance determination per group).
                 "gradient='score' (which likelihoods without a gradient need) "
                 "is available with fit and optimizer='lbfgs' only"
             )
-        if not hasattr(self, "q_mu_") and classes is None:
-            raise ValueError(
-                "classes must be given on the first call to partial_fit (a "
-                "piece of data may not contain every label)"
-            )
-        if classes is None:
-            # Later pieces may show only some of the labels.
-            classes = self.classes_
         return self._fit(X, y, classes=classes, partial=True)
 
     def _fit(self, X, y, classes=None, partial=False):
+        """Fit, or leave the estimator as it was if the fit fails.
+
+        A refit that raises (bad data, a diverging SAGA, an interrupt) keeps
+        the previous model whole, not a mix of old and new attributes
+        (nothing the fit reads is changed in place: SAGA continues a copy
+        of its stored state).
+        """
+        before = dict(self.__dict__)
+        try:
+            return self._fit_or_fail(X, y, classes, partial)
+        except BaseException:
+            self.__dict__.clear()
+            self.__dict__.update(before)
+            raise
+
+    def _fit_or_fail(self, X, y, classes, partial):
         likelihood = self._check_params(partial=partial)
+        if (self.warm_start or partial) and hasattr(self, "ess_"):
+            # Not silently a fresh fit.
+            caller = "partial_fit" if partial else "warm_start=True"
+            raise ValueError(
+                f"{caller} continues a variational fit, but the previous fit "
+                "was inference='ess' (posterior samples, no variational "
+                "posterior to continue). To start from its hyperparameters, "
+                "set kernel=<the fit's kernel_> and pairwise_prior_variance="
+                "<its pairwise_prior_variance_> and fit with warm_start=False"
+                + (" (or call partial_fit on a clone)" if partial else "")
+            )
+        if partial and classes is None:
+            if not hasattr(self, "q_mu_"):
+                raise ValueError(
+                    "classes must be given on the first call to partial_fit (a "
+                    "piece of data may not contain every label)"
+                )
+            # Later pieces may show only some of the labels.
+            classes = self.classes_
         # (found again from the fit's own mean; the old one's can be 8 MB)
         self.__dict__.pop("_centred_columns_of", None)
         optimizer = "stochastic" if partial else self.optimizer
@@ -1518,6 +1578,13 @@ GroupedLinearKernel`: automatic relevance determination per group).
         if _is_rbf(self.kernel_ if continuing else self.kernel):
             _check_rbf_distances(X_all, continuing)
         rng = self._rng()
+        if partial and continuing:
+            # Keyed by the epochs run so far: with an integer random_state
+            # every call re-seeds, and passes over the same pieces drew the
+            # same samples (SAGA's steps, which key them, restart per call).
+            rng = np.random.default_rng(
+                [int(rng.integers(2**63)), len(self.elbo_history_)]
+            )
         if self.inference == "ess":
             with reuse_blocks():
                 self._fit_ess(
@@ -1527,9 +1594,14 @@ GroupedLinearKernel`: automatic relevance determination per group).
             self.feature_mean_ = feature_mean
             return self
 
+        # The draws only a fresh fit makes (inducing points, the starting
+        # posterior) come from a child generator: the stream read after
+        # them (chunk seeds, mini-batches, the held-out split) is then the
+        # same for a fresh fit and for the warm fits that continue it.
+        setup_rng = rng.spawn(1)[0]
         if self.gradient == "score":
             _check_score_size(lengths, self.n_components, len(classes))
-        warm = (self.warm_start or partial) and hasattr(self, "q_mu_")
+        warm = continuing
         if warm:
             previous = {
                 "classes": (self.classes_, classes),
@@ -1567,7 +1639,7 @@ GroupedLinearKernel`: automatic relevance determination per group).
             )
         else:
             kernel = self._checked_initial_kernel(X_all, is_sparse)
-            inducing = self._make_inducing(X_all, kernel, rng)
+            inducing = self._make_inducing(X_all, kernel, setup_rng)
         # Inducing features cover the columns active at a training token.
         X_fit = inducing.select(X_all)
         if X_fit is not X_all:
@@ -1595,7 +1667,7 @@ GroupedLinearKernel`: automatic relevance determination per group).
                     )
         else:
             params = self._initial_parameters(
-                len(classes), fit_inducing.n_inducing, rng
+                len(classes), fit_inducing.n_inducing, setup_rng
             )
 
         n_classes = len(classes)
@@ -1925,8 +1997,6 @@ GroupedLinearKernel`: automatic relevance determination per group).
         """GPstruct: elliptical slice sampling under the full GP prior, at the
         hyperparameters a variational fit learns (``learn_hyperparameters``)
         or at their initial values."""
-        if self.warm_start and hasattr(self, "classes_"):
-            raise ValueError("warm_start=True is not supported with inference='ess'")
         if type(likelihood) is not ChainCRF:
             raise ValueError(
                 "inference='ess' samples with the exact chain likelihood only; "

@@ -712,3 +712,51 @@ def test_the_sampler_s_log_likelihood_checks_once_and_matches_the_chain():
     bad = ess._ChainLogLikelihood(offsets, np.full(9, 3), 9, 3)
     with pytest.raises(ValueError, match="labels"):
         bad(states[0])
+
+
+def test_estimator_ess_refuses_warm_start_on_every_fit():
+    # A fresh estimator accepted it and a refit refused it.
+    from skgpstruct import GPStructClassifier
+
+    X, y = make_sequences(10, random_state=3)
+    model = GPStructClassifier(inference="ess", warm_start=True, ess_n_iter=20)
+    for _ in range(2):
+        with pytest.raises(ValueError, match="warm_start=True is not available "
+                           "with inference='ess'"):
+            model.fit(X, y)
+        assert not hasattr(model, "classes_")
+    model.set_params(warm_start=False).fit(X, y)
+    with pytest.raises(ValueError, match="warm_start=True is not available"):
+        model.set_params(warm_start=True).fit(X, y)
+    assert hasattr(model, "ess_")
+
+
+def test_estimator_does_not_continue_an_ess_fit_silently():
+    # warm_start=True after an ESS fit started a variational fit from
+    # scratch, without a word; partial_fit asked for classes.
+    from skgpstruct import GPStructClassifier
+
+    X, y = make_sequences(10, random_state=3)
+    model = GPStructClassifier(
+        inference="ess", ess_n_iter=20, learn_hyperparameters=False, max_iter=3,
+        random_state=0,
+    ).fit(X, y)
+    marginals = model.predict_marginals(X)
+    model.set_params(inference="variational", warm_start=True)
+    with pytest.raises(ValueError, match=r"warm_start=True continues a variational "
+                       r"fit, but the previous fit was inference='ess'.*kernel_"):
+        model.fit(X, y)
+    with pytest.raises(ValueError, match=r"partial_fit continues a variational "
+                       r"fit, but the previous fit was inference='ess'.*clone"):
+        model.partial_fit(X, y)
+    for got, expected in zip(model.predict_marginals(X), marginals, strict=True):
+        np.testing.assert_array_equal(got, expected)
+    # The way the message gives: a fit from the ESS fit's hyperparameters.
+    model.set_params(
+        kernel=model.kernel_, pairwise_prior_variance=model.pairwise_prior_variance_,
+        warm_start=False,
+    )
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ConvergenceWarning)
+        model.fit(X, y)
+    assert hasattr(model, "q_mu_") and not hasattr(model, "ess_")

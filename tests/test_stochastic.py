@@ -223,7 +223,7 @@ def _majority(y):
 def test_stochastic_fit_reaches_batch_accuracy(data):
     X, y, X_test, y_test = data
     common = dict(kernel="rbf", n_inducing=40, random_state=0)
-    batch = GPStructClassifier(max_iter=100, tol=1e-4, **common).fit(X, y)
+    batch = GPStructClassifier(max_iter=300, tol=1e-4, **common).fit(X, y)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", ConvergenceWarning)
         stochastic = GPStructClassifier(
@@ -621,9 +621,13 @@ def test_warm_stochastic_fit_continues_saga_only_on_the_same_items(monkeypatch):
         warnings.simplefilter("ignore", ConvergenceWarning)
         model.fit(X[:20], y[:20])
         first = model._saga_state
+        first_steps = first["t"]
         model.fit(X[:20], y[:20])
         assert len(states) == 2 and states[0] is None and states[1] is first
-        assert model._saga_state is first  # continued in place
+        # Continued (its step count goes on), on a copy: the state read is
+        # left as it was.
+        assert model._saga_state["t"] == first_steps + 10 * model.n_iter_
+        assert first["t"] == first_steps and model._saga_state is not first
         model.fit(X[20:], y[20:])
     assert states[2] is None
     assert model._saga_state["n_items"] == 10
@@ -835,3 +839,141 @@ def test_partial_fit_keeps_the_type_of_its_first_classes():
         model.partial_fit(X[6:], y[6:], classes=[0.0, 1.0, 2.0])
     assert model.classes_.dtype.kind == "i"
     assert model.predict(X[:1])[0].dtype.kind == "i"
+
+
+def _state_bytes(model):
+    # Every attribute, by value: a failed fit that changed an array in
+    # place would show here.
+    import pickle
+
+    return pickle.dumps(vars(model))
+
+
+def test_a_failed_refit_leaves_the_previous_model_whole(data):
+    # A refit that diverged popped saga_memory_bytes_ and
+    # validation_score_history_ before SAGA ran and left the old model
+    # predicting without them; the steps it took before diverging advanced
+    # SAGA's stored state in place, which the next warm fit continued.
+    import pickle
+
+    X, y, X_test, _ = data
+    model = GPStructClassifier(
+        optimizer="stochastic", early_stopping=True, warm_start=True,
+        batch_size=5, max_iter=3, random_state=0, n_inducing=20,
+    )
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ConvergenceWarning)
+        model.fit(X, y)
+    marginals = model.predict_marginals(X_test)
+    before = _state_bytes(model)
+    never_failed = pickle.loads(pickle.dumps(model))
+    assert model.saga_memory_bytes_ > 0 and model.validation_score_history_
+
+    # Refused before any step (bad data).
+    bad = [x.copy() for x in X]
+    bad[3][0, 0] = np.nan
+    with pytest.raises(ValueError, match="NaN"):
+        model.fit(bad, y)
+    assert _state_bytes(model) == before
+
+    # Diverged after some steps.
+    model.set_params(learning_rate=1000.0)
+    with pytest.raises(ValueError, match="diverged"):
+        model.fit(X, y)
+    model.set_params(learning_rate=0.1)
+    assert _state_bytes(model) == before
+    for got, expected in zip(model.predict_marginals(X_test), marginals, strict=True):
+        np.testing.assert_array_equal(got, expected)
+
+    # The next warm fit continues as if the failed one had not been made.
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ConvergenceWarning)
+        model.fit(X, y)
+        never_failed.fit(X, y)
+    assert model._saga_state["t"] == never_failed._saga_state["t"] > 0
+    np.testing.assert_array_equal(model.q_mu_, never_failed.q_mu_)
+    np.testing.assert_array_equal(model.q_sqrt_, never_failed.q_sqrt_)
+    assert model.validation_score_history_ == never_failed.validation_score_history_
+
+
+def test_an_interrupted_fit_leaves_the_previous_model_whole(data, monkeypatch):
+    X, y, X_test, y_test = data
+    model = GPStructClassifier(
+        optimizer="stochastic", early_stopping=True, batch_size=5, max_iter=2,
+        random_state=0, n_inducing=20,
+    )
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ConvergenceWarning)
+        model.fit(X, y)
+    before = _state_bytes(model)
+    assert model.saga_memory_bytes_ > 0 and model.validation_score_history_
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(estimator_module, "maximize_saga", interrupted)
+    for refit in (lambda: model.fit(X_test, y_test),
+                  lambda: model.partial_fit(X[:10], y[:10])):
+        with pytest.raises(KeyboardInterrupt):
+            refit()
+        assert _state_bytes(model) == before
+
+
+@pytest.mark.parametrize("setting", [
+    {"kernel": "rbf", "n_inducing": 20},
+    {"inducing": "kmeans++", "n_inducing": 20},
+])
+def test_warm_stochastic_fit_with_inducing_points_continues_saga(data, setting):
+    # Choosing inducing points drew from random_state's stream in the first
+    # fit only: the warm fit's mini-batches and held-out split came out
+    # different, and SAGA's stored gradients were silently dropped.
+    X, y, _, _ = data
+    model = GPStructClassifier(
+        optimizer="stochastic", warm_start=True, early_stopping=True,
+        batch_size=6, max_iter=2, random_state=0, **setting,
+    )
+    held_out = []
+    split = model._validation_split
+
+    def spy(order, lengths):
+        kept, validation = split(order, lengths)
+        held_out.append(sorted(np.concatenate(validation).tolist()))
+        return kept, validation
+
+    model._validation_split = spy
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ConvergenceWarning)
+        model.fit(X, y)
+        steps = model._saga_state["t"]
+        n_items = model._saga_state["n_items"]
+        model.fit(X, y)
+    assert held_out[0] == held_out[1]
+    assert model._saga_state["t"] == steps + n_items * model.n_iter_
+
+
+def test_partial_fit_calls_draw_fresh_samples_with_an_integer_seed(monkeypatch):
+    # Every call re-seeded from the integer random_state, and SAGA's steps,
+    # which key the samples, restart per call: passes over the same pieces
+    # drew the same samples every time.
+    X, y = make_sequences(20, random_state=6)
+    entropies = []
+    make_chunks = estimator_module._make_chunks
+
+    def spy(sequences, offsets, label_index, groups, seeds):
+        entropies.append(tuple(seed.entropy for seed in seeds))
+        return make_chunks(sequences, offsets, label_index, groups, seeds)
+
+    monkeypatch.setattr(estimator_module, "_make_chunks", spy)
+
+    def stream():
+        model = GPStructClassifier(random_state=0, batch_size=5)
+        for piece in (slice(0, 10), slice(10, 20), slice(0, 10)):
+            model.partial_fit(X[piece], y[piece], classes=[0, 1, 2])
+        return model
+
+    first = stream()
+    calls = entropies[:]
+    assert len(set(calls)) == 3  # every call its own samples
+    second = stream()  # and still reproducible
+    assert entropies[3:] == calls
+    np.testing.assert_array_equal(first.q_mu_, second.q_mu_)

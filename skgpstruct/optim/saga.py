@@ -206,7 +206,8 @@ def maximize_saga(
     tol : float, default=1e-4
         Stop after ``n_iter_no_change`` consecutive epochs whose score (the
         held-out one if given, else the mean training objective) does not
-        exceed the best epoch so far by ``tol`` (relative).
+        exceed the best epoch so far by ``tol * max(|best|, 1)`` (relative to
+        the best score, absolute below 1).
     n_iter_no_change : int, default=3
     bounds : sequence of (low, high), array of shape (n, 2) or None
         Coordinates are clipped to these bounds after every step.
@@ -215,7 +216,10 @@ def maximize_saga(
         ``callback(epoch, value, seconds)`` after each epoch.
     state : dict or None
         The stored gradients of a previous call (returned in
-        ``result.state``), to continue from them (``partial_fit``).
+        ``result.state``), to continue from them (a warm start). Not
+        modified: ``result.state`` is a new one (sharing the stored
+        records, which are never changed in place), so a call that fails
+        leaves it to be continued as if the call had not been made.
     validation : callable or None
         ``validation(x) -> float``, a held-out score to maximise, evaluated
         after every epoch; the point of its best epoch is returned.
@@ -252,6 +256,12 @@ def maximize_saga(
             "m": np.zeros(n),
             "v": np.zeros(n),
             "t": 0,
+        }
+    else:
+        # O(n) copies, once per call (the records themselves are shared).
+        state = {
+            name: value.copy() if isinstance(value, (np.ndarray, list)) else value
+            for name, value in state.items()
         }
     stored, total = state["stored"], state["total"]
     # The last value of every item, and whether it has been drawn yet.
