@@ -320,15 +320,6 @@ def _format_value(value):
     return repr(value)
 
 
-def _same_value(a, b):
-    if isinstance(a, str) or isinstance(b, str):
-        return isinstance(a, str) and isinstance(b, str) and a == b
-    try:
-        return np.array_equal(np.asarray(a), np.asarray(b))
-    except (TypeError, ValueError):
-        return False
-
-
 # --------------------------------------------------------------------------
 # Base class
 # --------------------------------------------------------------------------
