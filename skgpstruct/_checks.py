@@ -75,6 +75,12 @@ def check_groups(groups, name, n_features=None):
         array = np.asarray(groups, dtype=object)
     if array.size == 0 and n_features == 0 and array.ndim == 1:
         return array.astype(np.int64)  # no column, no group ([] is float)
+    if array.ndim == 1 and array.size and array.dtype.kind == "i" and array.min() < 0:
+        where = int(np.argmin(array >= 0))
+        raise ValueError(
+            f"{name} must hold non-negative group indices, got {array[where]} "
+            f"at position {where}"
+        )
     if (
         array.ndim != 1 or array.size == 0 or array.dtype.kind not in "iu"
         or (n_features is not None and array.size != n_features)

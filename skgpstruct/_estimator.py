@@ -228,7 +228,12 @@ def _maximize(optimize, value_and_grad, x0, bounds, units, *, rounds=False,
     """``optimize(value_and_grad, x0, bounds=bounds, **options)``, in the
     :class:`_PriorUnits` ``units`` unless they are None; the result's ``x``
     is in the packed coordinates. With ``rounds``, ``value_and_grad`` is
-    :func:`minimize_lbfgs_rounds`' factory ``(round_index, reference)``."""
+    :func:`minimize_lbfgs_rounds`' factory ``(round_index, reference)``.
+    Bounded coordinates start at least ``START_MARGIN`` inside their range
+    (at most a quarter of its width in)."""
+    low, high = bounds[:, 0], bounds[:, 1]
+    margin = np.minimum(START_MARGIN, 0.25 * (high - low))
+    x0 = np.clip(x0, low + margin, high - margin)
     if units is None:
         return optimize(value_and_grad, x0, bounds=bounds, **options)
     if rounds:
@@ -385,22 +390,37 @@ def _check_flag(estimator, name):
 #: A learned hyperparameter within this distance (log space) of a bound of
 #: its range is reported: the box saturates there and stops it.
 BOUND_WARNING_DISTANCE = 0.01
+#: The range of a learned pairwise prior variance.
+PAIRWISE_PRIOR_VARIANCE_RANGE = (1e-4, 1e4)
+#: A batch fit starts a bounded coordinate (log hyperparameters) at least
+#: this far inside its range: the smooth box's slope at a distance d from
+#: a bound is about d, and a start on the bound (moved 1e-8 inside) never
+#: moved (variance=0.5 with bounds (0.5, 100) stayed at 0.5; from 0.6 the
+#: fit learned 2.43).
+START_MARGIN = 0.1
 
 
-def _warn_at_bounds(kernel):
+def _warn_at_bounds(kernel, pairwise_prior_variance=None):
     """ConvergenceWarning (as scikit-learn's GP estimators give) for learned
-    kernel hyperparameters that ended at a bound of their range. Fits of the
-    benchmarks' data end 6 or more log units inside."""
+    kernel hyperparameters (``kernel``, unless None) and a learned pairwise
+    prior variance (unless None) that ended at a bound of their range. Fits
+    of the benchmarks' data end 6 or more log units inside."""
     at = []
-    for name, value, (low, high) in zip(
+    learned = [] if kernel is None else list(zip(
         kernel.hyperparameter_names, kernel.theta, kernel.bounds, strict=True
-    ):
+    ))
+    if pairwise_prior_variance is not None:
+        learned.append((
+            "pairwise_prior_variance", np.log(pairwise_prior_variance),
+            np.log(PAIRWISE_PRIOR_VARIANCE_RANGE),
+        ))
+    for name, value, (low, high) in learned:
         for bound, side in ((low, "lower"), (high, "upper")):
             if abs(value - bound) < BOUND_WARNING_DISTANCE:
                 at.append(f"{name} = {np.exp(value):.3g} (its {side} bound)")
     if at:
         warnings.warn(
-            "learned kernel hyperparameters ended at a bound of their range: "
+            "learned hyperparameters ended at a bound of their range: "
             + ", ".join(at[:5]) + (" ..." if len(at) > 5 else "")
             + ". The features may be on a scale the initial kernel does not "
             "suit (standardise them, e.g. with StandardScaler), or the bounds "
@@ -424,8 +444,10 @@ SMALL_PRIOR_VARIANCE = 1e-3
 #: distance about 3) a fit predicted the majority label, silently.
 LENGTH_SCALE_WARNING_RATIO = 100.0
 #: kernel="linear" on features whose mean squared token norm reaches this
-#: moves the variances' range with their start (1 / (mean_sq + 1)); below,
-#: the default range (1e-5, 1e5) is kept, as the benchmarks' fits had it.
+#: starts as on small features (half the prior variance on the offsets,
+#: the variances' range moved with their start); from 1 to this, the
+#: variances start at 1 / (mean_sq + 1) in the default range (1e-5, 1e5),
+#: as the benchmarks' fits had them.
 LARGE_MEAN_SQ = 1e4
 #: The range of the largest feature magnitude a fit accepts (see
 #: _check_feature_magnitudes), inside single precision's normal range.
@@ -698,8 +720,29 @@ def _warn_rbf_kernel_object(X_all, kernel):
     """A UserWarning for an RBF kernel given as an object whose length scale
     is far from the distances between the training tokens: the kernel then
     sees all tokens alike or all apart, and fits learned to ignore the
-    features (the length scale did not move from 1e-2)."""
-    if not isinstance(kernel, RBFKernel) or kernel.anisotropic:
+    features (the length scale did not move from 1e-2). Per-feature length
+    scales (ARD) are judged by the median distance in length scales."""
+    if not isinstance(kernel, RBFKernel):
+        return
+    if kernel.anisotropic:
+        inverse = 1.0 / np.asarray(kernel.length_scale, dtype=np.float64)
+        scaled = (
+            X_all.multiply(inverse).tocsr() if sp.issparse(X_all)
+            else X_all * inverse
+        )
+        median = _median_distance(scaled)
+        ratio = max(median, 1.0 / median)
+        if ratio > LENGTH_SCALE_WARNING_RATIO:
+            warnings.warn(
+                "the RBF kernel given as an object has per-feature length "
+                "scales under which the median distance between distinct "
+                f"training tokens is {median:.3g} length scales: the kernel "
+                f"sees the tokens all {'apart' if median > 1 else 'alike'} and "
+                "the fit may learn to ignore the features: start the length "
+                "scales near the features' spreads, or pass kernel='rbf'",
+                UserWarning,
+                stacklevel=outside_stacklevel(),
+            )
         return
     median = _median_distance(X_all)
     length_scale = float(kernel.length_scale)
@@ -862,8 +905,10 @@ class GPStructClassifier(BaseEstimator):
         scikit-learn ``gaussian_process.kernels`` object is accepted for
         dense features. For ``"linear"`` the initial variance is set so that
         the prior standard deviation of a training token's potential is 1
-        (with small features, a mean squared norm below 1, half of it on
-        the features and the variance's bounds moved with its start); for
+        (with small or large features, a mean squared norm below 1 or from
+        1e4, half of its variance on the features and half on the labels'
+        offsets, the variances' bounds moved with their start: the same
+        model at any such scale); for
         ``"rbf"`` the length scale starts at the median distance between
         distinct training tokens, its bounds moved with it. Under both, and
         under an :class:`~skgpstruct.kernels.RBFKernel` object, features are
@@ -976,7 +1021,9 @@ class GPStructClassifier(BaseEstimator):
         information of the label pairs they describe).
     learn_hyperparameters : bool, default=True
         Optimise the kernel hyperparameters and the pairwise prior variance
-        with the ELBO; False freezes them. With ``inference="ess"`` the
+        with the ELBO; False freezes them. A batch fit starts one given on
+        (or within 0.1 in log) of a bound of its range 0.1 inside it (on
+        the bound it would not move). With ``inference="ess"`` the
         sampler's prior takes those of a variational fit of the same
         estimator (True) or their initial values (False).
     hyperprior_scale : float or None, default=3.0
@@ -994,7 +1041,8 @@ class GPStructClassifier(BaseEstimator):
     pairwise_prior_variance : float, default=1.0
         Prior variance of every pairwise potential; its starting value when
         ``learn_hyperparameters`` is True (it is then learned from the ELBO,
-        like the kernel hyperparameters).
+        like the kernel hyperparameters, in the range (1e-4, 1e4), and a
+        start outside it is refused).
     inducing : {"auto", "features", "kmeans++", "random"}, default="auto"
         The inducing variables. ``"features"`` (linear kernels, or any kernel
         with an explicit diagonal feature map) takes the weight of every
@@ -1345,6 +1393,14 @@ GroupedLinearKernel`: automatic relevance determination per group).
                 raise ValueError(
                     f"{name} must be a positive finite number, got {value!r}"
                 )
+        low, high = PAIRWISE_PRIOR_VARIANCE_RANGE
+        if self.learn_hyperparameters and not low < self.pairwise_prior_variance < high:
+            # Clipped into the range, it ended on its bound.
+            raise ValueError(
+                f"pairwise_prior_variance must lie in ({low:g}, {high:g}), the "
+                "range it is learned in, when learn_hyperparameters=True; got "
+                f"{self.pairwise_prior_variance!r}"
+            )
         scale = self.hyperprior_scale
         if scale is not None and (not is_real(scale) or not 0 < scale < np.inf):
             raise ValueError(
@@ -1726,7 +1782,7 @@ GroupedLinearKernel`: automatic relevance determination per group).
             bounds[layout.slices["theta"]] = kernel.bounds
         if layout.learn_pairwise_prior:
             sl = layout.slices["pairwise_log_prior_variance"]
-            bounds[sl] = [np.log(1e-4), np.log(1e4)]
+            bounds[sl] = np.log(PAIRWISE_PRIOR_VARIANCE_RANGE)
 
         timer = Timer()
         verbose = self.verbose
@@ -1822,8 +1878,6 @@ GroupedLinearKernel`: automatic relevance determination per group).
         self.inducing_ = inducing
         self.inducing_points_ = getattr(inducing, "Z", None)
         self.kernel_ = objective.kernel_at(theta)
-        if layout.n_theta:
-            _warn_at_bounds(self.kernel_)
         self.__dict__.pop("_collapsed", None)
         if fit_inducing is not inducing:  # every feature's marginal posterior
             # predict_marginals samples the collapsed posterior itself.
@@ -1838,6 +1892,10 @@ GroupedLinearKernel`: automatic relevance determination per group).
         self.pairwise_std_ = params.pairwise_std
         self.pairwise_prior_variance_ = layout.pairwise_prior_variance(
             result.x, prior_variance
+        )
+        _warn_at_bounds(
+            self.kernel_ if layout.n_theta else None,
+            self.pairwise_prior_variance_ if layout.learn_pairwise_prior else None,
         )
         history = list(result.history)
         if warm and previous_scores and hasattr(self, "validation_score_history_"):
@@ -1948,26 +2006,25 @@ GroupedLinearKernel`: automatic relevance determination per group).
             # Prior sd of a training token's potential starts at 1. (The
             # squares do not overflow: _check_feature_magnitudes.)
             mean_sq = float(np.mean(_row_sq_norms(X_all)))
-            if mean_sq >= 1.0 or mean_sq == 0.0:
+            if 1.0 <= mean_sq < LARGE_MEAN_SQ or mean_sq == 0.0:
                 scale = 1.0 / (mean_sq + 1.0)
-                # Large features (mean_sq from LARGE_MEAN_SQ): the range
-                # moved with the start, which the default range (1e-5, 1e5)
-                # clipped from mean_sq = 1e5 up, silently.
-                bounds = (
-                    (1e-5, 1e5) if mean_sq < LARGE_MEAN_SQ
-                    else (1e-5 * scale, 1e5 * scale)
-                )
                 if self._groups is not None:
                     return GroupedLinearKernel(
                         self._groups, variance=scale, bias=scale,
-                        variance_bounds=bounds, bias_bounds=bounds,
+                        variance_bounds=(1e-5, 1e5), bias_bounds=(1e-5, 1e5),
                     )
-                return LinearKernel(variance=scale, bias=1.0, variance_bounds=bounds)
-            # Features on a small scale: half the prior variance on them and
-            # half on the offset, as at mean_sq = 1 (where both rules agree),
-            # and the variance's range moved with its start. With the rule
-            # above the features would start with mean_sq / 2 of it (1e-8 at
-            # a scale of 1e-4) and the fit would learn to ignore them.
+                return LinearKernel(variance=scale, bias=1.0)
+            # Features on a small or a large scale: half the prior variance
+            # on them and half on the offset, as at mean_sq = 1 (where both
+            # rules agree), the variances' range moved with their start and
+            # the offset's prior variance kept, so that the fit is the same
+            # model at any such scale. With the rule above, small features
+            # would start with mean_sq / 2 of it (1e-8 at a scale of 1e-4)
+            # and the fit would learn to ignore them; large ones had the
+            # range clipped at 1e-5 (from mean_sq = 1e5, silently), then,
+            # moved, the offsets' prior variance start at 1 / mean_sq, where
+            # its gradient vanished (one-token sequences of 85 % one label
+            # were predicted at 0.5).
             variance = 0.5 / mean_sq
             bounds = (1e-5 / mean_sq, 1e5 / mean_sq)
             if self._groups is not None:

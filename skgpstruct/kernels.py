@@ -186,12 +186,14 @@ def _sq_distances(X, Y):
 
 
 def _checked_sq_distances(d2):
-    """``d2``, unless an overflow made some of it NaN (inf - inf)."""
+    """``d2``, unless some of it is NaN: a NaN or infinite input, or an
+    overflow (inf - inf)."""
     if np.isnan(d2).any():
         raise ValueError(
-            "the squared distances between the rows of X overflow (the "
-            "features are too large or too far apart for double precision); "
-            "scale the features down"
+            "the squared distances between the rows of X are not finite: X "
+            "holds NaN or infinite values, or the distances overflow (the "
+            "features are too large or too far apart for double precision; "
+            "scale them down)"
         )
     return d2
 
@@ -1253,8 +1255,10 @@ class RBFKernel(Kernel):
     ``length_scale``: standardise features with large offsets (e.g. with
     :class:`sklearn.preprocessing.StandardScaler`), as for scikit-learn's
     own distances. Centring them inside the kernel was tried and broke the
-    exact agreement between ``k(X, Y)`` and the rows of ``k(Y)`` that
-    conditionals at training points rely on. Distances that overflow
+    agreement, to rounding, between ``k(X, Y)`` and the rows of ``k(Y)``
+    that conditionals at training points rely on (dense self-pairs in
+    ``k(X, Y)`` can differ from the variance by about ``1e-14``; ``k(Y)``'s
+    diagonal is exact). Distances that overflow
     (``inf - inf``) are refused.
 
     Examples
@@ -1535,11 +1539,23 @@ class SklearnKernel(Kernel):
             theta = np.asarray(kernel.theta, dtype=np.float64)
             shown = repr(kernel)  # scikit-learn prints a negative constant's sqrt
         if not np.all(np.isfinite(theta)):
-            names = _sklearn_theta_names(kernel)
-            logs = {n: float(t) for n, t in zip(names, theta, strict=True)}
+            # The values as given (scikit-learn shows a negative constant
+            # as nan**2, and its log is NaN).
+            params = kernel.get_params(deep=True)
+            values = np.concatenate([
+                np.atleast_1d(np.asarray(params[hp.name], dtype=np.float64))
+                for hp in kernel.hyperparameters if not hp.fixed
+            ])
+            bad = {
+                name: float(value)
+                for name, value, log in zip(
+                    _sklearn_theta_names(kernel), values, theta, strict=True
+                )
+                if not np.isfinite(log)
+            }
             raise ValueError(
                 f"kernel {shown} has hyperparameters that are not finite and "
-                f"positive (their logs: {logs})"
+                f"positive: {bad}"
             )
         for hp in kernel.hyperparameters:
             if not hp.fixed:

@@ -2278,6 +2278,21 @@ def test_rbf_kernel_object_warns_of_a_length_scale_far_from_the_data():
                                    **params).fit(X, y)
     for kernel in ("rbf", RBFKernel(length_scale=1.0), RBFKernel(length_scale=30.0)):
         _fit_without_user_warnings(GPStructClassifier(kernel=kernel, **params), X, y)
+    # Per-feature length scales (ARD): the median distance in length scales
+    # (no warning: they fitted at the majority label in silence).
+    n_features = X[0].shape[1]
+    for length_scale, side in ((1e-3, "apart"), (1e4, "alike")):
+        kernel = RBFKernel(length_scale=[length_scale] * n_features)
+        with pytest.warns(UserWarning, match=r"per-feature length scales under "
+                          rf"which .* length scales: the kernel sees the tokens "
+                          rf"all {side}"):
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore", ConvergenceWarning)
+                GPStructClassifier(kernel=kernel, **params).fit(X, y)
+    spread = np.concatenate(X).std(axis=0)
+    _fit_without_user_warnings(
+        GPStructClassifier(kernel=RBFKernel(length_scale=spread), **params), X, y
+    )
 
 
 def _random_csr_matrices(seed, max_columns, min_density):
@@ -2454,6 +2469,35 @@ def test_linear_kernel_by_name_moves_its_range_with_large_features():
     low, high = model.kernel_.variance_bounds
     assert low < model.kernel_.variance < high and high < 1e-5
     assert model.score([1e5 * x for x in X], y) > 0.9
+
+
+@pytest.mark.parametrize("groups", [None, [0, 1, 2]])
+def test_linear_kernel_by_name_keeps_the_offsets_of_large_features(groups):
+    # With the variances' range moved (above), the offsets' prior variance
+    # (LinearKernel: variance * bias) started at 1 / mean_sq and its
+    # gradient vanished: features independent of the labels, one-token
+    # sequences of 85 % one label, predicted at p = 0.5 from a scale of
+    # about 100 (mean squared norm 3e4). From LARGE_MEAN_SQ the fit is now
+    # the same model at any scale, as below a mean squared norm of 1.
+    rng = np.random.default_rng(0)
+    X = [rng.normal(size=(1, 3)) for _ in range(300)]
+    y = [["a"] if rng.random() < 0.85 else ["b"] for _ in range(300)]
+    share = np.mean([s[0] == "a" for s in y])
+    learned = {}
+    for scale in (1e3, 1e6):
+        model = GPStructClassifier(random_state=0, feature_groups=groups)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", ConvergenceWarning)
+            model.fit([x * scale for x in X], y)
+        p_a = np.concatenate(model.predict_marginals([x * scale for x in X]))[:, 0]
+        assert abs(p_a.mean() - share) < 0.02
+        kernel = model.kernel_
+        offset = kernel.bias * (kernel.variance if groups is None else 1.0)
+        learned[scale] = (np.atleast_1d(kernel.variance) * scale**2, offset)
+    # The same prior at both scales (to the fits' rounding): the weights'
+    # variances scaled by the squares, the offsets' the same.
+    for a, b in zip(learned[1e3], learned[1e6], strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-4)
 
 
 def test_bool_labels_in_any_container_are_one_type():
@@ -2681,6 +2725,45 @@ def test_hyperparameters_that_end_at_a_bound_are_reported():
         warnings.simplefilter("error")
         _warn_at_bounds(LinearKernel(variance=1e-3, bias=1.0))
         _warn_at_bounds(LinearKernel(variance_bounds="fixed", bias_bounds="fixed"))
+        _warn_at_bounds(None, 1e-3)
+    # The learned pairwise prior variance too (it ended at 1e-4 silently).
+    with pytest.warns(ConvergenceWarning, match=r"pairwise_prior_variance = 0.0001 "
+                      r"\(its lower bound\)"):
+        _warn_at_bounds(None, 1e-4)
+
+
+@pytest.mark.parametrize("start", [1e-6, 1e-4, 1e4, 1e6])
+def test_a_learned_pairwise_prior_variance_starts_inside_its_range(start):
+    # Outside (1e-4, 1e4) it was clipped in silence and ended on the bound.
+    X, y = make_sequences(n_sequences=5, random_state=0)
+    model = GPStructClassifier(pairwise_prior_variance=start, max_iter=2)
+    with pytest.raises(ValueError, match=r"pairwise_prior_variance must lie in "
+                       r"\(0.0001, 10000\).*learn_hyperparameters=True; got"):
+        model.fit(X, y)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ConvergenceWarning)
+        model.set_params(learn_hyperparameters=False).fit(X, y)
+    assert model.pairwise_prior_variance_ == start
+
+
+def test_a_hyperparameter_started_on_its_bound_is_learned():
+    # The smooth box moved a start on a bound 1e-8 inside, where its slope
+    # is 1e-8: the variance stayed at 0.5 (and the bound warning blamed the
+    # features); from 0.6 the fit learned 2.43.
+    from skgpstruct.kernels import LinearKernel
+
+    X, y = make_sequences(n_sequences=20, n_features=4, length_range=(5, 12),
+                          random_state=0)
+    learned = {}
+    for start in (0.5, 0.6):
+        kernel = LinearKernel(variance=start, variance_bounds=(0.5, 100.0))
+        model = GPStructClassifier(kernel=kernel, max_iter=100, random_state=0,
+                                   hyperprior_scale=None)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", ConvergenceWarning)
+            model.fit(X, y)
+        learned[start] = model.kernel_.variance
+    assert learned[0.5] > 1.0 and learned[0.6] > 1.0
 
 
 def test_linear_fit_of_small_features_does_not_depend_on_their_scale():

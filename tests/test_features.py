@@ -524,10 +524,15 @@ def test_feature_sequences_check_their_groups():
     # Any value was stored; a fit then blamed the estimator's feature_groups
     # (left at "auto") for X's.
     X = [sp.csr_matrix(np.eye(3))] * 2
-    for bad in ([0.5, 1.0, 2.0], [0, -1, 1], [0, 1], "ab"):
+    for bad in ([0.5, 1.0, 2.0], [0, 1], "ab"):
         with pytest.raises(ValueError, match=r"feature_groups must hold one "
                            r"non-negative integer group index per feature \(3\)"):
             FeatureSequences(X, feature_groups=bad)
+    # A negative index is named (its message was about shape and dtype,
+    # which were right).
+    with pytest.raises(ValueError, match=r"feature_groups must hold non-negative "
+                       r"group indices, got -1 at position 1"):
+        FeatureSequences(X, feature_groups=[0, -1, 1])
     X = [sp.csr_matrix(np.eye(3)) for _ in range(2)]
     for matrix in X:  # groups set by hand on the matrices
         matrix.feature_groups = np.array([0.5, 1.0, 2.0])

@@ -871,10 +871,13 @@ def test_grouped_linear_refuses_bad_groups():
     X = np.ones((2, 3))
     with pytest.raises(ValueError, match="groups has 2 entries"):
         GroupedLinearKernel([0, 1])(X)
-    for bad in ([0.5, 1.0, 2.0], [0, -1, 1], [], [[0, 1, 1]]):
+    for bad in ([0.5, 1.0, 2.0], [], [[0, 1, 1]]):
         with pytest.raises(ValueError, match="groups must hold one non-negative "
                            "integer group index per feature, got an array"):
             GroupedLinearKernel(bad)(X)
+    with pytest.raises(ValueError, match="groups must hold non-negative group "
+                       "indices, got -1 at position 1"):
+        GroupedLinearKernel([0, -1, 1])(X)
     with pytest.raises(ValueError, match="one per distinct value of groups"):
         GroupedLinearKernel([0, 1, 1], variance=[1.0, 2.0, 3.0])(X)
 
@@ -949,13 +952,13 @@ def test_grouped_linear_repr_summarises_groups():
 @pytest.mark.parametrize(
     ("kernel", "message"),
     [
-        (RBF(length_scale=0.0), r"not finite and positive \(their logs: "
-         r"\{'length_scale': -inf\}"),
+        (RBF(length_scale=0.0), r"not finite and positive: "
+         r"\{'length_scale': 0.0\}"),
         (RBF(length_scale=np.nan), "not finite and positive"),
         (RBF(length_scale=[1.0, np.nan]), r"'length_scale\[1\]': nan"),
         (RBF(length_scale=-1.0), "not finite and positive"),
         (WhiteKernel(noise_level=0.0), "not finite and positive"),
-        (ConstantKernel(-1.0) * RBF(), r"'k1__constant_value': nan"),
+        (ConstantKernel(-1.0) * RBF(), r"positive: \{'k1__constant_value': -1.0\}"),
         (RBF(length_scale_bounds=(5.0, 1.0)),
          "bounds of length_scale must have low < high"),
     ],
@@ -1013,8 +1016,15 @@ def test_rbf_of_huge_values_is_refused():
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         with pytest.raises(ValueError, match="squared distances between the rows "
-                           "of X overflow"):
+                           "of X are not finite.*or the distances overflow"):
             RBFKernel()(np.array([[1e160], [2e160]]))
+
+
+def test_rbf_of_nan_names_the_nan():
+    # It was reported as an overflow, with the advice to scale the features
+    # down.
+    with pytest.raises(ValueError, match="X holds NaN or infinite values"):
+        RBFKernel()(np.array([[0.0], [np.nan]]))
 
 
 @pytest.mark.parametrize("length_scale", [1e-300, 1e300, [1.0, 1e-200]])
