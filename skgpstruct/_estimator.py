@@ -1344,6 +1344,7 @@ GroupedLinearKernel`: automatic relevance determination per group).
         _check_option(self, "decode")
         _check_integer(self, "n_predict_samples", 1)
         _check_flag(self, "pairwise_uncertainty")
+        check_n_jobs(self.n_jobs)
 
     def _check_params(self, partial=False):
         """Check the parameters (``partial``: for :meth:`partial_fit`); return
@@ -1402,10 +1403,11 @@ GroupedLinearKernel`: automatic relevance determination per group).
                 f"{self.pairwise_prior_variance!r}"
             )
         scale = self.hyperprior_scale
-        if scale is not None and (not is_real(scale) or not 0 < scale < np.inf):
+        # (from below about 1e-154 its inverse square overflows)
+        if scale is not None and (not is_real(scale) or not 1e-150 <= scale < np.inf):
             raise ValueError(
-                f"hyperprior_scale must be None or a positive finite number, "
-                f"got {scale!r}"
+                f"hyperprior_scale must be None or a positive finite number "
+                f"of at least 1e-150, got {scale!r}"
             )
         fraction = self.validation_fraction
         if not isinstance(fraction, numbers.Real) or not 0 < fraction < 1:
@@ -1630,11 +1632,11 @@ GroupedLinearKernel`: automatic relevance determination per group).
             X_all = _centred(X_all, feature_mean)
             is_sparse = sp.issparse(X_all)
             sequences = split_by_offsets(X_all, offsets)
-        continuing = (self.warm_start or partial) and hasattr(self, "q_mu_")
-        if _is_rbf(self.kernel_ if continuing else self.kernel):
-            _check_rbf_distances(X_all, continuing)
+        warm = (self.warm_start or partial) and hasattr(self, "q_mu_")
+        if _is_rbf(self.kernel_ if warm else self.kernel):
+            _check_rbf_distances(X_all, warm)
         rng = self._rng()
-        if partial and continuing:
+        if partial and warm:
             # Keyed by the epochs run so far: with an integer random_state
             # every call re-seeds, and passes over the same pieces drew the
             # same samples (SAGA's steps, which key them, restart per call).
@@ -1657,7 +1659,6 @@ GroupedLinearKernel`: automatic relevance determination per group).
         setup_rng = rng.spawn(1)[0]
         if self.gradient == "score":
             _check_score_size(lengths, self.n_components, len(classes))
-        warm = continuing
         if warm:
             previous = {
                 "classes": (self.classes_, classes),
@@ -2306,6 +2307,17 @@ GroupedLinearKernel`: automatic relevance determination per group).
         sequences, is_sparse = check_sequence_features(
             X, n_features=self.n_features_in_, allow_empty=True
         )
+        # The fit's bound (both decoders then take the same X: the float64
+        # mean potentials of Viterbi took 1e200, the single-precision
+        # samples of the marginals refused 1e40).
+        largest = max(map(_largest_magnitude, sequences), default=0.0)
+        if largest > FEATURE_MAGNITUDES[1]:
+            raise ValueError(
+                f"X's largest magnitude must be at most "
+                f"{FEATURE_MAGNITUDES[1]:g}, as in fit, got {largest:.3g} (the "
+                "model samples in single precision): give features on the "
+                "training data's scale"
+            )
         # Models saved before feature_mean_ existed used features as given.
         # Sparse sequences are centred by chunk (_chunks): one by one, many
         # short ones took seconds.

@@ -363,6 +363,8 @@ class _Corpus:
 def _read_bytes(path, what):
     """Bytes of ``path`` (``-``: standard input) and the name to report."""
     if path == "-":
+        if sys.stdin is None:
+            raise CommandError(f"cannot read {what} from standard input: it is closed")
         return sys.stdin.buffer.read(), "<stdin>"
     try:
         with open(path, "rb") as handle:
@@ -414,7 +416,7 @@ def _read_corpus(path, encoding, args):
 
 def _read_template(path, encoding):
     """Text of a CRF++ template file, checked line by line."""
-    from .features import expand_crfpp_template
+    from .features import _parse_template, expand_crfpp_template
     from .io import _decode
 
     data, name = _read_bytes(path, "template file")
@@ -428,6 +430,12 @@ def _read_template(path, encoding):
         expand_crfpp_template(text, [])  # parses every line, expands none
     except ValueError as exc:
         raise CommandError(f"{name}: {exc}") from None
+    unigrams, _ = _parse_template(text)
+    if not unigrams:  # (before the training file is read)
+        raise CommandError(
+            f"{name}: the template has no U (unigram) line, so tokens get no "
+            "features; add lines such as U00:%x[0,0]"
+        )
     return text
 
 
@@ -438,8 +446,15 @@ def _check_output_path(path, what, inputs=()):
     one of them is refused (a slip in the order of the arguments would
     otherwise replace a data file with a model, silently).
     """
+    if not path:
+        raise CommandError(f"cannot write {what} to an empty path")
     if os.path.isdir(path):
         raise CommandError(f"cannot write {what} {path!r}: it is a directory")
+    if path.endswith(("/", os.sep)):
+        raise CommandError(
+            f"cannot write {what} {path!r}: it names a directory (ends in a "
+            "separator); give a file name"
+        )
     directory = os.path.dirname(os.path.abspath(path))
     if not os.path.isdir(directory):
         raise CommandError(
@@ -474,13 +489,22 @@ def _write_text(text, path, encoding):
     except ValueError as exc:
         raise CommandError(f"{exc} (with --encoding)") from None
     if path is None or path == "-":
-        sys.stdout.flush()
-        buffer = getattr(sys.stdout, "buffer", None)
-        if buffer is None:  # a text-only stream (redirected in Python)
-            sys.stdout.write(text)
-            return
-        buffer.write(data)
-        buffer.flush()
+        if sys.stdout is None:
+            raise CommandError("cannot write to standard output: it is closed")
+        try:
+            sys.stdout.flush()
+            buffer = getattr(sys.stdout, "buffer", None)
+            if buffer is None:  # a text-only stream (redirected in Python)
+                sys.stdout.write(text)
+                return
+            buffer.write(data)
+            buffer.flush()
+        except BrokenPipeError:
+            raise  # (main: the reader stopped)
+        except OSError as exc:
+            raise CommandError(
+                f"cannot write to standard output: {exc.strerror or exc}"
+            ) from None
         return
     try:
         with open(path, "wb") as handle:
@@ -837,11 +861,6 @@ def _run_train(args):
     for warning in caught:  # e.g. B lines with macros
         print(f"skgpstruct: warning: {args.template}: {warning.message}",
               file=sys.stderr)
-    if not vectorizer.unigram_templates_:
-        raise CommandError(
-            f"{args.template}: the template has no U (unigram) line, so "
-            "tokens get no features; add lines such as U00:%x[0,0]"
-        )
     if not vectorizer.vocabulary_:
         raise CommandError(
             f"no template feature occurs {args.min_count} times in "
@@ -1037,7 +1056,12 @@ def _run_evaluate(args):
             str(exc),
         )
         raise CommandError(f"{corpus.name}: {message}") from None
-    print(_conlleval_report(report, sum(len(s) for s in gold)), end="")
+    # Bytes in the data's encoding, as predict writes (chunk types come from
+    # the labels: print() failed on a console that could not show them).
+    _write_text(
+        _conlleval_report(report, sum(len(s) for s in gold)), None,
+        args.encoding or model["encoding"],
+    )
     return 0
 
 
@@ -1143,6 +1167,12 @@ def main(argv=None):
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())
         return _EXIT_BROKEN_PIPE
+    except OSError as exc:
+        # Files are read and written with their own messages; this is the
+        # terminal or a redirection (standard output on a full disk).
+        print(f"skgpstruct: error: input/output error: {exc.strerror or exc}",
+              file=sys.stderr)
+        return _EXIT_BAD_INPUT
     except Exception as exc:
         traceback.print_exc()
         print(

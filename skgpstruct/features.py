@@ -599,12 +599,24 @@ def _token_dict(token, name):
         if not any(isinstance(v, Mapping | np.generic) for v in token.values()):
             return token
         flat = {}
+
+        def add(key, value):
+            # A nested key and an equal flat one ({"w": {"lower": ...}} and
+            # "w:lower") overwrote each other: one feature was lost.
+            if key in flat:
+                raise ValueError(
+                    f"{name} has the feature {key!r} twice (a nested dict's "
+                    "'outer:inner' name equals another key); rename one of "
+                    "them"
+                )
+            flat[key] = value
+
         for key, value in token.items():
             if isinstance(value, Mapping):
                 for inner, inner_value in _token_dict(value, name).items():
-                    flat[f"{key}:{inner}"] = inner_value
+                    add(f"{key}:{inner}", inner_value)
             else:
-                flat[key] = value.item() if isinstance(value, np.generic) else value
+                add(key, value.item() if isinstance(value, np.generic) else value)
         return flat
     if isinstance(token, list | tuple | set | frozenset) and all(
         isinstance(f, str) for f in token

@@ -182,8 +182,10 @@ def _decode(data, encoding, name, hint=_ENCODING_HINT):
     try:
         return data.decode(encoding)
     except UnicodeDecodeError as exc:
-        line = data.count(b"\n", 0, exc.start) + 1
-        column = exc.start - (data.rfind(b"\n", 0, exc.start) + 1) + 1
+        # Lines as _text_lines counts them: ended by \n, \r\n or a lone \r.
+        before = data[: exc.start]
+        line = before.count(b"\n") + before.count(b"\r") - before.count(b"\r\n") + 1
+        column = exc.start - (max(before.rfind(b"\n"), before.rfind(b"\r")) + 1) + 1
         bad = data[exc.start : exc.end].hex(" ")
         raise ValueError(
             f"{name}, line {line}: cannot decode byte(s) {bad} at byte column "
@@ -375,7 +377,7 @@ def _field(value, i, t):
     )
 
 
-def _encode(text, encoding):
+def _encode(text, encoding, advice="give an encoding that has it, e.g. 'utf-8'"):
     """``text`` encoded, or a ValueError naming ``encoding`` (before any file
     is opened, so that a failure leaves an existing file as it was)."""
     _check_encoding(encoding, _TEXT_ENCODING_HINT)
@@ -385,8 +387,7 @@ def _encode(text, encoding):
         line = text.count("\n", 0, exc.start) + 1
         raise ValueError(
             f"cannot encode {text[exc.start:exc.end]!r} (line {line} of the "
-            f"output) with encoding={encoding!r} ({exc.reason}); give an "
-            "encoding that has it, e.g. 'utf-8'"
+            f"output) with encoding={encoding!r} ({exc.reason}); {advice}"
         ) from None
 
 
@@ -453,7 +454,12 @@ def write_conll(target, tokens, labels, *more_labels, sep=" ", encoding="utf-8")
         # Checked first: a text file that fails half-way keeps half the text.
         own = getattr(target, "encoding", None)
         if own:
-            _encode(text, own)
+            _encode(
+                text, own,
+                advice="the text stream encodes with its own encoding (the "
+                "encoding argument is for paths and binary streams): open it "
+                "with one that has it, or pass a path or a binary stream",
+            )
         target.write(text)
     elif isinstance(target, io.RawIOBase | io.BufferedIOBase):
         target.write(_encode(text, encoding))

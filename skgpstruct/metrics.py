@@ -339,9 +339,13 @@ def _chunk_counts(y_true, y_pred, scheme):
         counts.setdefault(type_, [0, 0, 0])[k] += 1
 
     outside = ("O", "")
+    # Kept across sequences, as conlleval reads a corpus: a chunk the
+    # virtual "O" does not close (after a "." or an untyped "S" tag) is
+    # closed later, or counted at the end (it was dropped: identical
+    # [["B", "."]] scored 0).
+    in_correct, correct_type = False, None
     for i, (seq_true, seq_pred) in enumerate(zip(true, pred, strict=True)):
         last_true = last_pred = outside
-        in_correct = False
         # A virtual "O" after the sequence closes its last chunks.
         for a, b in zip([*seq_true, "O"], [*seq_pred, "O"], strict=True):
             cur_true = split(a, "y_true", i)
@@ -361,12 +365,14 @@ def _chunk_counts(y_true, y_pred, scheme):
                 last_pred[0], cur_pred[0], last_pred[1], cur_pred[1]
             )
             if start_true and start_pred and cur_true[1] == cur_pred[1]:
-                in_correct = True
+                in_correct, correct_type = True, cur_true[1]
             if start_true:
                 bump(cur_true[1], 0)
             if start_pred:
                 bump(cur_pred[1], 1)
             last_true, last_pred = cur_true, cur_pred
+    if in_correct:
+        bump(correct_type, 2)
     return counts
 
 

@@ -503,6 +503,12 @@ def _bad_template(directory):
     return path
 
 
+def _bigrams_only(directory):
+    path = directory / "b.template"
+    path.write_text("# no unigram line\nB\n")
+    return path
+
+
 def _undecodable(directory):
     path = directory / "latin1.data"
     path.write_bytes("Caf\xe9 NN B\n".encode("latin-1"))
@@ -551,6 +557,21 @@ _ERRORS = {
     "missing model directory": (
         lambda f, d: ["train", "-t", f.template, f.train, d / "no" / "m.pkl"],
         ["cannot write model file", "does not exist"],
+    ),
+    # These two were refused only when saving, after the fit.
+    "empty model path": (
+        lambda f, d: ["train", "-t", f.template, f.train, ""],
+        ["cannot write model file to an empty path"],
+    ),
+    "model path ending in a separator": (
+        lambda f, d: ["train", "-t", f.template, f.train, f"{d / 'no'}/"],
+        ["cannot write model file", "it names a directory"],
+    ),
+    # Refused with the template, before the training file is read (it was
+    # refused after reading and expanding it; this one does not exist).
+    "template without a U line": (
+        lambda f, d: ["train", "-t", _bigrams_only(d), d / "nope.data", d / "m.pkl"],
+        ["b.template: the template has no U (unigram) line"],
     ),
     "missing model file": (
         lambda f, d: ["predict", d / "nope.pkl", f.test],
@@ -673,6 +694,50 @@ def test_evaluate_needs_a_gold_column(fold, trained, tmp_path):
     assert result.returncode == 2
     assert result.stderr.startswith("skgpstruct: error: ")
     assert "no gold label column" in result.stderr
+
+
+@needs_shared_data
+@pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs /dev/full")
+def test_standard_output_on_a_full_disk_is_a_command_error(fold, trained, tmp_path):
+    # A traceback, "a bug in skgpstruct" and status 1; -o gave status 2.
+    root = Path(skgpstruct.__file__).resolve().parents[1]
+    env = dict(os.environ, PYTHONPATH=str(root))
+    for command in ("predict", "evaluate"):
+        args = [command, fold.model, fold.test]
+        with open("/dev/full", "w") as full:
+            result = subprocess.run(
+                [sys.executable, "-m", "skgpstruct", *map(str, args)],
+                stdout=full, stderr=subprocess.PIPE, text=True, env=env,
+                timeout=120, check=False,
+            )
+        assert result.returncode == 2, result.stderr
+        assert "Traceback" not in result.stderr
+        assert "cannot write to standard output: No space left" in result.stderr
+
+
+@needs_shared_data
+def test_evaluate_writes_its_report_in_the_data_encoding(fold, trained, tmp_path,
+                                                         monkeypatch):
+    # The report was printed in the console's encoding: a chunk type it
+    # could not show (here on an ASCII console) was a UnicodeEncodeError
+    # traceback, while predict wrote the same labels.
+    tokens, labels = read_conll(fold.test)
+    typed = [[{"B": "B-名詞", "I": "I-名詞"}.get(t, t) for t in seq] for seq in labels]
+    gold = tmp_path / "typed.data"
+    write_conll(gold, tokens, typed)
+    monkeypatch.setenv("PYTHONIOENCODING", "ascii")
+    result = _run("evaluate", fold.model, gold, text=False)
+    assert result.returncode == 0, result.stderr
+    assert "名詞".encode() in result.stdout
+
+
+def test_closed_standard_input_is_a_command_error(monkeypatch, capsys):
+    # An AttributeError traceback (sys.stdin is None).
+    monkeypatch.setattr(sys, "stdin", None)
+    assert main(["train", "-t", "-", "x.data", "m.pkl"]) == 2
+    assert "cannot read template file from standard input: it is closed" in (
+        capsys.readouterr().err
+    )
 
 
 def test_output_that_its_encoding_cannot_hold_is_a_command_error(tmp_path):

@@ -1329,7 +1329,8 @@ BAD_PARAMS = [
     ),
     *(
         ({"hyperprior_scale": value}, r"hyperprior_scale must be None or a posi")
-        for value in (0.0, -1.0, np.inf, np.nan, True, "3")
+        # 1e-320: 1 / scale**2 overflowed (a RuntimeWarning, then a fit)
+        for value in (0.0, -1.0, np.inf, np.nan, True, "3", 1e-320)
     ),
 ]
 
@@ -1378,14 +1379,6 @@ def test_prediction_parameters_set_after_fit_are_checked(
     model = copy.deepcopy(fitted).set_params(**params)
     with pytest.raises(ValueError, match=message):
         getattr(model, method)(X_test[:2])
-
-
-def test_predict_marginals_names_overflowing_features(data, fitted):
-    # Sampled potentials beyond the floating-point range: the message says
-    # it is X's scale (it named the chain's unary array).
-    _, _, X_test, _ = data
-    with pytest.raises(ValueError, match=r"X's values are too large for the fitted"):
-        fitted.predict_marginals([1e150 * x for x in X_test[:2]])
 
 
 def test_later_partial_fit_pieces_may_lack_labels(data):
@@ -2701,15 +2694,27 @@ def test_prediction_of_features_far_off_the_training_scale_names_x(data):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", ConvergenceWarning)
         model = GPStructClassifier(**FAST).fit(X, y)
-    far = [1e300 * X[0]]
-    with pytest.raises(ValueError, match="X's values are too large for the fitted "
-                       r"model: its mean potentials overflow \(largest \|x\|"):
-        model.predict(far)
-    with pytest.raises(ValueError, match="its sampled potentials overflow"):
-        model.predict_marginals(far)
+    # The fit's bound, for both decoders: Viterbi took up to about 1e200
+    # (float64 mean potentials), the marginals refused from 1e40.
+    for scale in (1e300, 1e40):
+        for predict in (model.predict, model.predict_marginals):
+            with pytest.raises(ValueError, match=r"X's largest magnitude must be "
+                               r"at most 1e\+32, as in fit, got [0-9.]+e\+"):
+                predict([scale * x for x in X[:2]])
     # Marginals are probabilities: normalising the average can give 1 + ulp.
     marginals = np.concatenate(model.predict_marginals(X))
     assert marginals.max() <= 1.0 and marginals.min() >= 0.0
+    # Below that bound, potentials the chain cannot take (a kernel of huge
+    # variance) are refused naming X, not the chain's arrays.
+    offsets = np.array([0, 2])
+    X_c = np.array([[1e30], [2.0]])
+    for unary, kind in ((np.array([[1e301, 0.0], [0.0, 0.0]]), "mean"),
+                        (np.array([[np.inf, 0.0], [0.0, 0.0]]), "sampled")):
+        with pytest.raises(ValueError, match=rf"X's values are too large for the "
+                           rf"fitted model: its {kind} potentials overflow "
+                           r"\(largest \|x\| in this part of X = 1e\+30\)"):
+            estimator_module._check_potentials(unary, np.zeros((2, 2)), offsets,
+                                               X_c, kind)
 
 
 def test_hyperparameters_that_end_at_a_bound_are_reported():
@@ -2900,3 +2905,18 @@ def test_collapsed_sampling_design_without_its_lookup_table(lone_data, monkeypat
     assert posterior.lone_positions is None
     for a, b in zip(model.predict_marginals(X_test), expected, strict=True):
         np.testing.assert_array_equal(a, b)
+
+
+@pytest.mark.parametrize("n_jobs", [0, "2", 2.5])
+def test_prediction_checks_n_jobs(data, n_jobs):
+    # fit refused these; set after it, "2" and 2.5 were taken by prediction,
+    # and 0 failed in joblib from 2,000 tokens on.
+    X, y, X_test, _ = data
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ConvergenceWarning)
+        model = GPStructClassifier(**FAST).fit(X, y)
+    model.set_params(n_jobs=n_jobs)
+    for predict in (model.predict, model.predict_marginals):
+        with pytest.raises(ValueError, match="n_jobs must be None or a non-zero "
+                           "integer"):
+            predict(X_test)

@@ -296,6 +296,19 @@ def test_sequence_dict_vectorizer_default():
         assert (a != b).nnz == 0
 
 
+def test_sequence_dict_vectorizer_refuses_a_nested_key_equal_to_a_flat_one():
+    # {"w": {"lower": "a"}} flattens to "w:lower": beside a flat "w:lower",
+    # whichever came later overwrote the other, and a feature was lost.
+    for token in ({"w": {"lower": "a"}, "w:lower": "b"},
+                  {"w:lower": "b", "w": {"lower": "a"}}):
+        with pytest.raises(ValueError, match=r"X\[0\]\[1\] has the feature "
+                           r"'w:lower' twice"):
+            SequenceDictVectorizer().fit([[{"w": "x"}, token]])
+    # Nested and flat keys that differ are both kept.
+    vec = SequenceDictVectorizer().fit([[{"w": {"lower": "a"}, "w:upper": "B"}]])
+    assert vec.get_feature_names_out().tolist() == ["w:lower=a", "w:upper=B"]
+
+
 def test_sequence_dict_vectorizer_wraps_feature_hasher_and_clones():
     hasher = FeatureHasher(n_features=16)
     vec = SequenceDictVectorizer(hasher).fit(TOKEN_DICTS)

@@ -125,6 +125,14 @@ def test_undecodable_bytes_name_line_and_encoding(tmp_path):
     with pytest.raises(ValueError, match=message):
         read_conll(path)
     assert read_conll(path, encoding="latin-1")[0] == [[["a"]], [["b\xe9"]]]
+    # Lines ended by a lone CR (read as lines) are counted as lines: the
+    # message said line 1, byte column 9, for this byte of line 3.
+    path.write_bytes("a B\r\rb\xe9 O\r".encode("latin-1"))
+    with pytest.raises(ValueError, match=r"line 3: .*e9 at byte column 2 "):
+        read_conll(path)
+    path.write_bytes("a B\r\n\r\nb\xe9 O\r\n".encode("latin-1"))
+    with pytest.raises(ValueError, match=r"line 3: .*e9 at byte column 2 "):
+        read_conll(path)
 
 
 def test_unknown_encoding_is_reported(tmp_path):
@@ -189,6 +197,12 @@ def test_write_to_file_objects():
     binary_handle = io.BytesIO()
     write_conll(binary_handle, [[["都"]]], [["O"]], encoding="euc-jp")
     assert binary_handle.getvalue() == "都 O\n\n".encode("euc-jp")
+    # A text stream encodes with its own encoding: the message said to give
+    # an encoding, which the argument cannot do for it.
+    ascii_text = io.TextIOWrapper(io.BytesIO(), encoding="ascii")
+    with pytest.raises(ValueError, match=r"encoding='ascii'.*the text stream "
+                       r"encodes with its own encoding.*pass a path or a binary"):
+        write_conll(ascii_text, [[["é"]]], [["O"]], encoding="utf-8")
 
 
 def test_format_errors():

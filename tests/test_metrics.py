@@ -105,6 +105,16 @@ CONLLEVAL_CASES = [
     ([["I-NP", "E-NP", "I-NP"]], [["E-NP", "E-NP", "E-NP"]], 2, 3, 1),
     # Empty: no chunks at all gives 0, as conlleval.
     ([["O", "O"]], [["O", "O"]], 0, 0, 0),
+    # Chunks that neither a "." nor the virtual "O" after a sequence ends
+    # (conlleval's rules have no end after "." or an unknown tag such as
+    # "S"): conlleval counts them when they end later, or at the end of the
+    # corpus. They were dropped: identical sequences scored 0. (These and
+    # random corpora of such tags agree with conlleval.pl run under perl.)
+    ([["B", "."]], [["B", "."]], 1, 1, 1),
+    ([["B", "S"]], [["B", "S"]], 1, 1, 1),
+    ([["B-X", "I-X"], ["B", "S"]], [["B-X", "I-X"], ["B", "S"]], 2, 2, 2),
+    ([["B", "."], ["B"]], [["B", "."], ["O"]], 2, 1, 0),
+    ([["B", "."], ["I", "O"]], [["B", "."], ["I", "O"]], 2, 2, 1),
 ]
 
 
