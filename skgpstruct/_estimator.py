@@ -228,12 +228,7 @@ def _maximize(optimize, value_and_grad, x0, bounds, units, *, rounds=False,
     """``optimize(value_and_grad, x0, bounds=bounds, **options)``, in the
     :class:`_PriorUnits` ``units`` unless they are None; the result's ``x``
     is in the packed coordinates. With ``rounds``, ``value_and_grad`` is
-    :func:`minimize_lbfgs_rounds`' factory ``(round_index, reference)``.
-    Bounded coordinates start at least ``START_MARGIN`` inside their range
-    (at most a quarter of its width in)."""
-    low, high = bounds[:, 0], bounds[:, 1]
-    margin = np.minimum(START_MARGIN, 0.25 * (high - low))
-    x0 = np.clip(x0, low + margin, high - margin)
+    :func:`minimize_lbfgs_rounds`' factory ``(round_index, reference)``."""
     if units is None:
         return optimize(value_and_grad, x0, bounds=bounds, **options)
     if rounds:
@@ -392,11 +387,12 @@ def _check_flag(estimator, name):
 BOUND_WARNING_DISTANCE = 0.01
 #: The range of a learned pairwise prior variance.
 PAIRWISE_PRIOR_VARIANCE_RANGE = (1e-4, 1e4)
-#: A batch fit starts a bounded coordinate (log hyperparameters) at least
-#: this far inside its range: the smooth box's slope at a distance d from
-#: a bound is about d, and a start on the bound (moved 1e-8 inside) never
-#: moved (variance=0.5 with bounds (0.5, 100) stayed at 0.5; from 0.6 the
-#: fit learned 2.43).
+#: A fresh batch fit starts a bounded coordinate (log hyperparameters) at
+#: least this far inside its range (at most a quarter of its width in): the
+#: smooth box's slope at a distance d from a bound is about d, and a start
+#: on the bound (moved 1e-8 inside) never moved (variance=0.5 with bounds
+#: (0.5, 100) stayed at 0.5; from 0.6 the fit learned 2.43). A warm start
+#: continues where the fit it continues ended.
 START_MARGIN = 0.1
 
 
@@ -414,17 +410,25 @@ def _warn_at_bounds(kernel, pairwise_prior_variance=None):
             "pairwise_prior_variance", np.log(pairwise_prior_variance),
             np.log(PAIRWISE_PRIOR_VARIANCE_RANGE),
         ))
+    advice = set()
     for name, value, (low, high) in learned:
         for bound, side in ((low, "lower"), (high, "upper")):
             if abs(value - bound) < BOUND_WARNING_DISTANCE:
                 at.append(f"{name} = {np.exp(value):.3g} (its {side} bound)")
+                advice.add(
+                    "The pairwise prior variance's range is fixed (give it "
+                    "with learn_hyperparameters=False to go beyond)"
+                    if name == "pairwise_prior_variance" else
+                    "The features may be on a scale the initial kernel does "
+                    "not suit (standardise them, e.g. with StandardScaler), or "
+                    "the bounds may need widening (give a kernel with other "
+                    "bounds)"
+                )
     if at:
         warnings.warn(
             "learned hyperparameters ended at a bound of their range: "
             + ", ".join(at[:5]) + (" ..." if len(at) > 5 else "")
-            + ". The features may be on a scale the initial kernel does not "
-            "suit (standardise them, e.g. with StandardScaler), or the bounds "
-            "may need widening (give a kernel with other bounds)",
+            + ". " + "; ".join(sorted(advice)),
             ConvergenceWarning,
             stacklevel=outside_stacklevel(),
         )
@@ -448,7 +452,7 @@ LENGTH_SCALE_WARNING_RATIO = 100.0
 #: the variances' range moved with their start); from 1 to this, the
 #: variances start at 1 / (mean_sq + 1) in the default range (1e-5, 1e5),
 #: as the benchmarks' fits had them.
-LARGE_MEAN_SQ = 1e4
+LARGE_MEAN_SQ = 1e3
 #: The range of the largest feature magnitude a fit accepts (see
 #: _check_feature_magnitudes), inside single precision's normal range.
 FEATURE_MAGNITUDES = (1e-32, 1e32)
@@ -906,7 +910,7 @@ class GPStructClassifier(BaseEstimator):
         dense features. For ``"linear"`` the initial variance is set so that
         the prior standard deviation of a training token's potential is 1
         (with small or large features, a mean squared norm below 1 or from
-        1e4, half of its variance on the features and half on the labels'
+        1e3, half of its variance on the features and half on the labels'
         offsets, the variances' bounds moved with their start: the same
         model at any such scale); for
         ``"rbf"`` the length scale starts at the median distance between
@@ -1395,12 +1399,20 @@ GroupedLinearKernel`: automatic relevance determination per group).
                     f"{name} must be a positive finite number, got {value!r}"
                 )
         low, high = PAIRWISE_PRIOR_VARIANCE_RANGE
-        if self.learn_hyperparameters and not low < self.pairwise_prior_variance < high:
-            # Clipped into the range, it ended on its bound.
+        value = self.pairwise_prior_variance
+        # (a warm fit starts from pairwise_prior_variance_)
+        warm = (self.warm_start or partial) and hasattr(self, "q_mu_")
+        # (A learned value on a bound may lie outside by rounding: 1e4 * (1 +
+        # 1e-15); a start on a bound begins START_MARGIN inside.)
+        if (
+            self.learn_hyperparameters and not warm
+            and not low * (1 - 1e-9) <= value <= high * (1 + 1e-9)
+        ):
+            # It was clipped into the range and ended on its bound.
             raise ValueError(
-                f"pairwise_prior_variance must lie in ({low:g}, {high:g}), the "
+                f"pairwise_prior_variance must lie in [{low:g}, {high:g}], the "
                 "range it is learned in, when learn_hyperparameters=True; got "
-                f"{self.pairwise_prior_variance!r}"
+                f"{value!r}"
             )
         scale = self.hyperprior_scale
         # (from below about 1e-154 its inverse square overflows)
@@ -1540,7 +1552,8 @@ GroupedLinearKernel`: automatic relevance determination per group).
         (nothing the fit reads is changed in place: SAGA continues a copy
         of its stored state).
         """
-        before = dict(self.__dict__)
+        # (without the centring cache, which the fit drops to free it)
+        before = {k: v for k, v in self.__dict__.items() if k != "_centred_columns_of"}
         try:
             return self._fit_or_fail(X, y, classes, partial)
         except BaseException:
@@ -1785,6 +1798,12 @@ GroupedLinearKernel`: automatic relevance determination per group).
             sl = layout.slices["pairwise_log_prior_variance"]
             bounds[sl] = np.log(PAIRWISE_PRIOR_VARIANCE_RANGE)
 
+        start = x0
+        if not warm:
+            low, high = bounds[:, 0], bounds[:, 1]
+            margin = np.minimum(START_MARGIN, 0.25 * (high - low))
+            start = np.clip(x0, low + margin, high - margin)
+
         timer = Timer()
         verbose = self.verbose
 
@@ -1836,7 +1855,7 @@ GroupedLinearKernel`: automatic relevance determination per group).
                     return evaluation.objective, evaluation.gradient
 
                 result = _maximize(
-                    minimize_lbfgs, value_and_grad, x0, bounds,
+                    minimize_lbfgs, value_and_grad, start, bounds,
                     _PriorUnits.of(objective, layout), max_iter=self.max_iter,
                     tol=self.tol, callback=progress,
                 )
@@ -1857,7 +1876,7 @@ GroupedLinearKernel`: automatic relevance determination per group).
                     return value_and_grad
 
                 result = _maximize(
-                    minimize_lbfgs_rounds, make_value_and_grad, x0, bounds,
+                    minimize_lbfgs_rounds, make_value_and_grad, start, bounds,
                     _PriorUnits.of(objective, layout), rounds=True,
                     round_size=SCORE_ROUND_SIZE, max_iter=self.max_iter,
                     tol=self.tol, callback=progress,

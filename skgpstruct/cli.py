@@ -68,6 +68,7 @@ printed).
 
 import argparse
 import contextlib
+import errno
 import os
 import pickletools
 import re
@@ -1056,11 +1057,12 @@ def _run_evaluate(args):
             str(exc),
         )
         raise CommandError(f"{corpus.name}: {message}") from None
-    # Bytes in the data's encoding, as predict writes (chunk types come from
-    # the labels: print() failed on a console that could not show them).
+    # Text for the console, in its encoding; chunk types (from the labels)
+    # it cannot show are escaped (print() failed on them).
+    console = getattr(sys.stdout, "encoding", None) or "utf-8"
+    text = _conlleval_report(report, sum(len(s) for s in gold))
     _write_text(
-        _conlleval_report(report, sum(len(s) for s in gold)), None,
-        args.encoding or model["encoding"],
+        text.encode(console, "backslashreplace").decode(console), None, console
     )
     return 0
 
@@ -1168,16 +1170,32 @@ def main(argv=None):
         os.dup2(devnull, sys.stdout.fileno())
         return _EXIT_BROKEN_PIPE
     except OSError as exc:
+        if exc.errno not in _IO_ERRNOS:
+            return _report_unexpected(exc)
         # Files are read and written with their own messages; this is the
         # terminal or a redirection (standard output on a full disk).
-        print(f"skgpstruct: error: input/output error: {exc.strerror or exc}",
-              file=sys.stderr)
+        where = f" ({exc.filename})" if exc.filename else ""
+        print(f"skgpstruct: error: input/output error{where}: "
+              f"{exc.strerror or exc}", file=sys.stderr)
         return _EXIT_BAD_INPUT
     except Exception as exc:
-        traceback.print_exc()
-        print(
-            f"skgpstruct: error: unexpected {type(exc).__name__}: {exc} (a bug "
-            "in skgpstruct: please report it with the traceback above)",
-            file=sys.stderr,
-        )
-        return _EXIT_UNEXPECTED
+        return _report_unexpected(exc)
+
+
+#: Errors of the medium, not of the program: a full disk or quota, a file
+#: too large, a device error, a closed descriptor.
+_IO_ERRNOS = frozenset(
+    getattr(errno, name) for name in ("ENOSPC", "EDQUOT", "EFBIG", "EIO", "EBADF")
+    if hasattr(errno, name)
+)
+
+
+def _report_unexpected(exc):
+    """Print the traceback and a request to report it; the exit status."""
+    traceback.print_exc()
+    print(
+        f"skgpstruct: error: unexpected {type(exc).__name__}: {exc} (a bug "
+        "in skgpstruct: please report it with the traceback above)",
+        file=sys.stderr,
+    )
+    return _EXIT_UNEXPECTED

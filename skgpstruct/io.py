@@ -182,13 +182,15 @@ def _decode(data, encoding, name, hint=_ENCODING_HINT):
     try:
         return data.decode(encoding)
     except UnicodeDecodeError as exc:
-        # Lines as _text_lines counts them: ended by \n, \r\n or a lone \r.
-        before = data[: exc.start]
-        line = before.count(b"\n") + before.count(b"\r") - before.count(b"\r\n") + 1
-        column = exc.start - (max(before.rfind(b"\n"), before.rfind(b"\r")) + 1) + 1
+        # Counted in the text before the bad bytes (which decodes), as
+        # _text_lines counts lines: ended by \n, \r\n or a lone \r (bytes
+        # miscounted lone CRs, and UTF-16's CR LF twice).
+        before = data[: exc.start].decode(encoding, errors="replace")
+        line = before.count("\n") + before.count("\r") - before.count("\r\n") + 1
+        column = len(before) - max(before.rfind("\n"), before.rfind("\r"))
         bad = data[exc.start : exc.end].hex(" ")
         raise ValueError(
-            f"{name}, line {line}: cannot decode byte(s) {bad} at byte column "
+            f"{name}, line {line}: cannot decode byte(s) {bad} at column "
             f"{column} with encoding {encoding!r} ({exc.reason}); {hint}"
         ) from None
 

@@ -37,8 +37,9 @@ MAX_ITER = "30"
 needs_shared_data = pytest.mark.shared_data
 
 
-def _run(*args, input=None, text=True, timeout=120):
-    """Run ``python -m skgpstruct *args``; return the CompletedProcess.
+def _run(*args, input=None, text=True, timeout=120, stdout=None):
+    """Run ``python -m skgpstruct *args``; return the CompletedProcess
+    (standard output captured, or written to the file object ``stdout``).
 
     The child must import the package the tests import: prepend the
     directory holding it to PYTHONPATH and run from there (a source checkout
@@ -55,7 +56,8 @@ def _run(*args, input=None, text=True, timeout=120):
     # directory cannot shadow an installed (compiled) package.
     return subprocess.run(
         [sys.executable, "-m", "skgpstruct", *map(str, args)],
-        capture_output=True,
+        stdout=subprocess.PIPE if stdout is None else stdout,
+        stderr=subprocess.PIPE,
         text=text,
         env=env,
         input=input,
@@ -700,35 +702,30 @@ def test_evaluate_needs_a_gold_column(fold, trained, tmp_path):
 @pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs /dev/full")
 def test_standard_output_on_a_full_disk_is_a_command_error(fold, trained, tmp_path):
     # A traceback, "a bug in skgpstruct" and status 1; -o gave status 2.
-    root = Path(skgpstruct.__file__).resolve().parents[1]
-    env = dict(os.environ, PYTHONPATH=str(root))
     for command in ("predict", "evaluate"):
-        args = [command, fold.model, fold.test]
         with open("/dev/full", "w") as full:
-            result = subprocess.run(
-                [sys.executable, "-m", "skgpstruct", *map(str, args)],
-                stdout=full, stderr=subprocess.PIPE, text=True, env=env,
-                timeout=120, check=False,
-            )
+            result = _run(command, fold.model, fold.test, stdout=full)
         assert result.returncode == 2, result.stderr
         assert "Traceback" not in result.stderr
         assert "cannot write to standard output: No space left" in result.stderr
 
 
 @needs_shared_data
-def test_evaluate_writes_its_report_in_the_data_encoding(fold, trained, tmp_path,
-                                                         monkeypatch):
-    # The report was printed in the console's encoding: a chunk type it
-    # could not show (here on an ASCII console) was a UnicodeEncodeError
-    # traceback, while predict wrote the same labels.
+def test_evaluate_writes_its_report_for_the_console(fold, trained, tmp_path,
+                                                    monkeypatch):
+    # A chunk type the console could not show (here an ASCII one) was a
+    # UnicodeEncodeError traceback: now escaped. The report is text for the
+    # console whatever the data's encoding (latin-1 here).
     tokens, labels = read_conll(fold.test)
-    typed = [[{"B": "B-名詞", "I": "I-名詞"}.get(t, t) for t in seq] for seq in labels]
+    typed = [[{"B": "B-Café", "I": "I-Café"}.get(t, t) for t in seq] for seq in labels]
     gold = tmp_path / "typed.data"
-    write_conll(gold, tokens, typed)
-    monkeypatch.setenv("PYTHONIOENCODING", "ascii")
-    result = _run("evaluate", fold.model, gold, text=False)
-    assert result.returncode == 0, result.stderr
-    assert "名詞".encode() in result.stdout
+    write_conll(gold, tokens, typed, encoding="latin-1")
+    for console, shown in (("ascii", rb"Caf\xe9"), ("utf-8", "Café".encode())):
+        monkeypatch.setenv("PYTHONIOENCODING", console)
+        result = _run("evaluate", "--encoding", "latin-1", fold.model, gold,
+                      text=False)
+        assert result.returncode == 0, result.stderr
+        assert shown in result.stdout
 
 
 def test_closed_standard_input_is_a_command_error(monkeypatch, capsys):

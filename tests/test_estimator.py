@@ -2731,24 +2731,55 @@ def test_hyperparameters_that_end_at_a_bound_are_reported():
         _warn_at_bounds(LinearKernel(variance=1e-3, bias=1.0))
         _warn_at_bounds(LinearKernel(variance_bounds="fixed", bias_bounds="fixed"))
         _warn_at_bounds(None, 1e-3)
-    # The learned pairwise prior variance too (it ended at 1e-4 silently).
+    # The learned pairwise prior variance too (it ended at 1e-4 silently),
+    # with its own advice (its range is fixed).
     with pytest.warns(ConvergenceWarning, match=r"pairwise_prior_variance = 0.0001 "
-                      r"\(its lower bound\)"):
+                      r"\(its lower bound\)\. The pairwise prior variance's range "
+                      r"is fixed \(give it with learn_hyperparameters=False"):
         _warn_at_bounds(None, 1e-4)
 
 
-@pytest.mark.parametrize("start", [1e-6, 1e-4, 1e4, 1e6])
+@pytest.mark.parametrize("start", [1e-6, 0.99e-4, 1.01e4, 1e6])
 def test_a_learned_pairwise_prior_variance_starts_inside_its_range(start):
-    # Outside (1e-4, 1e4) it was clipped in silence and ended on the bound.
+    # Outside [1e-4, 1e4] it was clipped in silence and ended on the bound.
     X, y = make_sequences(n_sequences=5, random_state=0)
     model = GPStructClassifier(pairwise_prior_variance=start, max_iter=2)
     with pytest.raises(ValueError, match=r"pairwise_prior_variance must lie in "
-                       r"\(0.0001, 10000\).*learn_hyperparameters=True; got"):
+                       r"\[0.0001, 10000\].*learn_hyperparameters=True; got"):
         model.fit(X, y)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", ConvergenceWarning)
         model.set_params(learn_hyperparameters=False).fit(X, y)
-    assert model.pairwise_prior_variance_ == start
+        assert model.pairwise_prior_variance_ == start
+        # Unused by a warm start (which continues from the fitted value).
+        model.set_params(learn_hyperparameters=True, warm_start=True).fit(X, y)
+
+
+def test_a_pairwise_prior_variance_learned_on_its_bound_is_given_back():
+    # Transitions carry every label (they alternate; the features say
+    # nothing): the variance ends on its upper bound, 1e4 or, by rounding,
+    # just above it (exp(log(1e4))), which the range check refused when
+    # given back, as the ESS error and the user guide advise. A warm start
+    # from that bound continues there (a margin moved it inside and the
+    # ELBO fell), a fresh fit from it starts inside and comes back.
+    rng = np.random.default_rng(0)
+    X = [rng.standard_normal((12, 3)) for _ in range(30)]
+    y = [np.arange(12) % 2 for _ in range(30)]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ConvergenceWarning)
+        model = GPStructClassifier(random_state=0, max_iter=200).fit(X, y)
+        learned = model.pairwise_prior_variance_
+        assert learned == pytest.approx(1e4, rel=1e-6)
+        model.set_params(warm_start=True, max_iter=1).fit(X, y)
+        assert model.elbo_history_[-1] >= model.elbo_history_[-2] - 1e-9
+        for given in (learned, 1e4 * (1 + 1e-15), 1e-4):
+            again = GPStructClassifier(
+                random_state=0, max_iter=200, pairwise_prior_variance=given,
+            ).fit(X, y)
+            if given > 1.0:
+                assert again.pairwise_prior_variance_ == pytest.approx(1e4, rel=1e-3)
+            else:  # off the bound it started on (another optimum: 1.2e-4)
+                assert again.pairwise_prior_variance_ > 1e-4 * np.exp(0.1)
 
 
 def test_a_hyperparameter_started_on_its_bound_is_learned():

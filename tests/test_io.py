@@ -127,12 +127,17 @@ def test_undecodable_bytes_name_line_and_encoding(tmp_path):
     assert read_conll(path, encoding="latin-1")[0] == [[["a"]], [["b\xe9"]]]
     # Lines ended by a lone CR (read as lines) are counted as lines: the
     # message said line 1, byte column 9, for this byte of line 3.
-    path.write_bytes("a B\r\rb\xe9 O\r".encode("latin-1"))
-    with pytest.raises(ValueError, match=r"line 3: .*e9 at byte column 2 "):
-        read_conll(path)
-    path.write_bytes("a B\r\n\r\nb\xe9 O\r\n".encode("latin-1"))
-    with pytest.raises(ValueError, match=r"line 3: .*e9 at byte column 2 "):
-        read_conll(path)
+    for ending in ("\r", "\r\n", "\n"):
+        path.write_bytes(f"a B{ending}{ending}b\xe9 O{ending}".encode("latin-1"))
+        with pytest.raises(ValueError, match=r"line 3: .*e9 at column 2 "):
+            read_conll(path)
+    # In UTF-16 (two bytes a character; CR LF are not adjacent bytes) the
+    # lines and columns are the text's: the bytes said line 5 for line 3.
+    text = "a B\r\n\r\nbc O\r\n".encode("utf-16-le")
+    bad = text[:16] + b"\x00\xdc" + text[18:]  # a lone low surrogate for "c"
+    path.write_bytes(bad)
+    with pytest.raises(ValueError, match=r"line 3: .*00 dc at column 2 "):
+        read_conll(path, encoding="utf-16-le")
 
 
 def test_unknown_encoding_is_reported(tmp_path):
