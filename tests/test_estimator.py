@@ -2471,13 +2471,14 @@ def test_linear_kernel_by_name_keeps_the_offsets_of_large_features(groups):
     # gradient vanished: features independent of the labels, one-token
     # sequences of 85 % one label, predicted at p = 0.5 from a scale of
     # about 100 (mean squared norm 3e4). From LARGE_MEAN_SQ the fit is now
-    # the same model at any scale, as below a mean squared norm of 1.
+    # the same model at any scale, as below a mean squared norm of 1 (30:
+    # 2.5e3, where the variance had still ended on its lower bound).
     rng = np.random.default_rng(0)
     X = [rng.normal(size=(1, 3)) for _ in range(300)]
     y = [["a"] if rng.random() < 0.85 else ["b"] for _ in range(300)]
     share = np.mean([s[0] == "a" for s in y])
     learned = {}
-    for scale in (1e3, 1e6):
+    for scale in (30.0, 1e3, 1e6):
         model = GPStructClassifier(random_state=0, feature_groups=groups)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", ConvergenceWarning)
@@ -2489,8 +2490,9 @@ def test_linear_kernel_by_name_keeps_the_offsets_of_large_features(groups):
         learned[scale] = (np.atleast_1d(kernel.variance) * scale**2, offset)
     # The same prior at both scales (to the fits' rounding): the weights'
     # variances scaled by the squares, the offsets' the same.
-    for a, b in zip(learned[1e3], learned[1e6], strict=True):
-        np.testing.assert_allclose(a, b, rtol=1e-4)
+    for scale in (30.0, 1e6):
+        for a, b in zip(learned[1e3], learned[scale], strict=True):
+            np.testing.assert_allclose(a, b, rtol=1e-4)
 
 
 def test_bool_labels_in_any_container_are_one_type():
