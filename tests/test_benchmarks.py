@@ -66,6 +66,36 @@ bench_predict = _module_fixture("bench_predict")
 bench_saga_noise = _module_fixture("bench_saga_noise")
 bench_long_sequence = _module_fixture("bench_long_sequence")
 bench_hashed = _module_fixture("bench_hashed")
+bench_chain = _module_fixture("bench_chain")
+
+
+@pytest.mark.parametrize("log_space", [False, True])
+@pytest.mark.parametrize("length", [1, 2, 5])
+def test_bench_chain_numpy_baseline_is_the_same_recursion(bench_chain, length,
+                                                          log_space):
+    # The kernels' peer (BENCHMARK.md: plain NumPy of the same recursion):
+    # its results against brute-force enumeration of the label sequences.
+    from _chain_reference import enumerate_one
+
+    rng = np.random.default_rng(length)
+    S, n, V = 2, 3, 3
+    unary = rng.standard_normal((S, n * length, V))
+    pairwise = rng.standard_normal((S, V, V)) * (50.0 if log_space else 1.0)
+    log_z, marginals, pair = bench_chain.numpy_forward_backward(
+        unary, pairwise, length, log_space
+    )
+    for s in range(S):
+        for k in range(n):
+            rows = slice(k * length, (k + 1) * length)
+            want = enumerate_one(unary[s, rows], pairwise[s])
+            np.testing.assert_allclose(log_z[s, k], want[0], rtol=1e-10)
+            np.testing.assert_allclose(marginals[s, rows], want[1], atol=1e-10)
+            np.testing.assert_allclose(pair[s, k], want[2], atol=1e-10)
+    labels, scores = bench_chain.numpy_viterbi(unary[0], pairwise[0], length)
+    for k in range(n):
+        want = enumerate_one(unary[0, k * length:(k + 1) * length], pairwise[0])
+        np.testing.assert_array_equal(labels[k * length:(k + 1) * length], want[3])
+        np.testing.assert_allclose(scores[k], want[4], rtol=1e-12)
 
 
 def test_bench_ess_hyperparameters_fixed_or_learned(bench_ess):
