@@ -21,6 +21,7 @@ import time
 
 import numpy as np
 from _common import seconds_per_call
+from scipy.special import logsumexp
 
 from skgpstruct import chain
 
@@ -50,15 +51,15 @@ def numpy_forward_backward(unary, pairwise, length, log_space=False):
         alpha[:, :, 0] = u[:, :, 0]
         pw = pairwise[:, None]  # (S, 1, V, V)
         for t in range(1, length):
-            alpha[:, :, t] = u[:, :, t] + _logsumexp(
+            alpha[:, :, t] = u[:, :, t] + logsumexp(
                 alpha[:, :, t - 1, :, None] + pw, axis=-2
             )
         beta[:, :, -1] = 0.0
         for t in range(length - 2, -1, -1):
-            beta[:, :, t] = _logsumexp(
+            beta[:, :, t] = logsumexp(
                 pw + (u[:, :, t + 1] + beta[:, :, t + 1])[:, :, None, :], axis=-1
             )
-        log_z = _logsumexp(alpha[:, :, -1], axis=-1)
+        log_z = logsumexp(alpha[:, :, -1], axis=-1)
         marginals = np.exp(alpha + beta - log_z[:, :, None, None])
         pair = np.exp(
             alpha[:, :, :-1, :, None] + pw[:, :, None]
@@ -114,11 +115,6 @@ def numpy_viterbi(unary, pairwise, length):
     for t in range(length - 1, 0, -1):
         labels[:, t - 1] = back[rows, t, labels[:, t]]
     return labels.reshape(N), delta.max(axis=1)
-
-
-def _logsumexp(a, axis):
-    top = a.max(axis=axis, keepdims=True)
-    return np.log(np.exp(a - top).sum(axis=axis)) + np.squeeze(top, axis=axis)
 
 
 def _timed(func, min_time):

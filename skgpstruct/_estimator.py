@@ -728,42 +728,46 @@ def _warn_rbf_kernel_object(X_all, kernel):
     scales (ARD) are judged by the median distance in length scales."""
     if not isinstance(kernel, RBFKernel):
         return
+    length_scale = np.asarray(kernel.length_scale, dtype=np.float64)
     if kernel.anisotropic:
-        inverse = 1.0 / np.asarray(kernel.length_scale, dtype=np.float64)
         scaled = (
-            X_all.multiply(inverse).tocsr() if sp.issparse(X_all)
-            else X_all * inverse
+            X_all.multiply(1.0 / length_scale).tocsr() if sp.issparse(X_all)
+            else X_all / length_scale
         )
-        median = _median_distance(scaled)
-        ratio = max(median, 1.0 / median)
-        if ratio > LENGTH_SCALE_WARNING_RATIO:
-            warnings.warn(
-                "the RBF kernel given as an object has per-feature length "
-                "scales under which the median distance between distinct "
-                f"training tokens is {median:.3g} length scales: the kernel "
-                f"sees the tokens all {'apart' if median > 1 else 'alike'} and "
-                "the fit may learn to ignore the features: start the length "
-                "scales near the features' spreads, or pass kernel='rbf'",
-                UserWarning,
-                stacklevel=outside_stacklevel(),
-            )
+        in_scales = _median_distance(scaled)
+    else:
+        distance = _median_distance(X_all)
+        in_scales = distance / float(length_scale)
+    ratio = max(in_scales, 1.0 / in_scales)
+    if ratio <= LENGTH_SCALE_WARNING_RATIO:
         return
-    median = _median_distance(X_all)
-    length_scale = float(kernel.length_scale)
-    ratio = max(length_scale / median, median / length_scale)
-    if ratio > LENGTH_SCALE_WARNING_RATIO:
-        warnings.warn(
-            f"the RBF kernel given as an object has length_scale "
-            f"{length_scale:.3g}, {ratio:.3g} times "
-            f"{'below' if length_scale < median else 'above'} the median "
-            f"distance between distinct training tokens ({median:.3g}): the "
-            "kernel sees the tokens all "
-            f"{'apart' if length_scale < median else 'alike'} and the fit may "
-            "learn to ignore the features: start the length scale near that "
-            "distance, or pass kernel='rbf', which does",
-            UserWarning,
-            stacklevel=outside_stacklevel(),
+    seen = "apart" if in_scales > 1 else "alike"
+    if kernel.anisotropic:
+        found = (
+            "per-feature length scales under which the median distance between "
+            f"distinct training tokens is {in_scales:.3g} length scales"
         )
+        advice = (
+            "start the length scales near the features' spreads, or pass "
+            "kernel='rbf'"
+        )
+    else:
+        found = (
+            f"length_scale {float(length_scale):.3g}, {ratio:.3g} times "
+            f"{'below' if in_scales > 1 else 'above'} the median distance "
+            f"between distinct training tokens ({distance:.3g})"
+        )
+        advice = (
+            "start the length scale near that distance, or pass kernel='rbf', "
+            "which does"
+        )
+    warnings.warn(
+        f"the RBF kernel given as an object has {found}: the kernel sees the "
+        f"tokens all {seen} and the fit may learn to ignore the features: "
+        + advice,
+        UserWarning,
+        stacklevel=outside_stacklevel(),
+    )
 
 
 def _check_potentials(unary, pairwise, offsets, X_c, kind):
@@ -1400,12 +1404,11 @@ GroupedLinearKernel`: automatic relevance determination per group).
                 )
         low, high = PAIRWISE_PRIOR_VARIANCE_RANGE
         value = self.pairwise_prior_variance
-        # (a warm fit starts from pairwise_prior_variance_)
-        warm = (self.warm_start or partial) and hasattr(self, "q_mu_")
-        # (A learned value on a bound may lie outside by rounding: 1e4 * (1 +
-        # 1e-15); a start on a bound begins START_MARGIN inside.)
+        # (A warm fit starts from pairwise_prior_variance_. A learned value
+        # on a bound may lie outside by rounding, 1e4 * (1 + 1e-15); a start
+        # on a bound begins START_MARGIN inside.)
         if (
-            self.learn_hyperparameters and not warm
+            self.learn_hyperparameters and not self._continues(partial)
             and not low * (1 - 1e-9) <= value <= high * (1 + 1e-9)
         ):
             # It was clipped into the range and ended on its bound.
@@ -1455,6 +1458,11 @@ GroupedLinearKernel`: automatic relevance determination per group).
 
     def _rng(self):
         return check_random_state_seed(self.random_state)
+
+    def _continues(self, partial):
+        """Whether this fit continues a variational fit (``warm_start`` or
+        ``partial_fit``, a posterior to continue)."""
+        return (self.warm_start or partial) and hasattr(self, "q_mu_")
 
     # ------------------------------------------------------------------ #
     # fitting
@@ -1645,7 +1653,7 @@ GroupedLinearKernel`: automatic relevance determination per group).
             X_all = _centred(X_all, feature_mean)
             is_sparse = sp.issparse(X_all)
             sequences = split_by_offsets(X_all, offsets)
-        warm = (self.warm_start or partial) and hasattr(self, "q_mu_")
+        warm = self._continues(partial)
         if _is_rbf(self.kernel_ if warm else self.kernel):
             _check_rbf_distances(X_all, warm)
         rng = self._rng()
@@ -1987,7 +1995,7 @@ GroupedLinearKernel`: automatic relevance determination per group).
         A continued fit (``warm_start``, ``partial_fit``) keeps the
         coordinates of the fit it continues.
         """
-        if (self.warm_start or partial) and hasattr(self, "q_mu_"):
+        if self._continues(partial):
             mean = getattr(self, "feature_mean_", None)
             # Other features are refused with the other changes below.
             return mean if mean is not None and mean.size == X_all.shape[1] else None

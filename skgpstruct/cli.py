@@ -417,7 +417,7 @@ def _read_corpus(path, encoding, args):
 
 def _read_template(path, encoding):
     """Text of a CRF++ template file, checked line by line."""
-    from .features import _parse_template, expand_crfpp_template
+    from .features import _parse_template
     from .io import _decode
 
     data, name = _read_bytes(path, "template file")
@@ -428,10 +428,9 @@ def _read_template(path, encoding):
     # A one-line text without a newline would be taken for a file name.
     text = text if text.endswith("\n") else text + "\n"
     try:
-        expand_crfpp_template(text, [])  # parses every line, expands none
+        unigrams, _ = _parse_template(text)  # every line checked
     except ValueError as exc:
         raise CommandError(f"{name}: {exc}") from None
-    unigrams, _ = _parse_template(text)
     if not unigrams:  # (before the training file is read)
         raise CommandError(
             f"{name}: the template has no U (unigram) line, so tokens get no "

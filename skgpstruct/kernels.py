@@ -1535,21 +1535,24 @@ class SklearnKernel(Kernel):
 
     def _hyperparameters(self):
         kernel = self._sklearn_kernel()
+        params = kernel.get_params(deep=True)
+        values = {
+            hp.name: np.atleast_1d(np.asarray(params[hp.name], dtype=np.float64))
+            for hp in kernel.hyperparameters
+        }
         with np.errstate(divide="ignore", invalid="ignore"):  # refused below
             theta = np.asarray(kernel.theta, dtype=np.float64)
             shown = repr(kernel)  # scikit-learn prints a negative constant's sqrt
         if not np.all(np.isfinite(theta)):
-            # The values as given (scikit-learn shows a negative constant
-            # as nan**2, and its log is NaN).
-            params = kernel.get_params(deep=True)
-            values = np.concatenate([
-                np.atleast_1d(np.asarray(params[hp.name], dtype=np.float64))
-                for hp in kernel.hyperparameters if not hp.fixed
+            # Named with the values as given (scikit-learn shows a negative
+            # constant as nan**2, and its log is NaN).
+            free = np.concatenate([
+                values[hp.name] for hp in kernel.hyperparameters if not hp.fixed
             ])
             bad = {
                 name: float(value)
                 for name, value, log in zip(
-                    _sklearn_theta_names(kernel), values, theta, strict=True
+                    _sklearn_theta_names(kernel), free, theta, strict=True
                 )
                 if not np.isfinite(log)
             }
@@ -1565,15 +1568,15 @@ class SklearnKernel(Kernel):
                         f"kernel {kernel!r}: the bounds of {hp.name} must have "
                         f"low < high (use 'fixed' to fix it), got {hp.bounds!r}"
                     )
-        params = kernel.get_params(deep=True)
         result = []
         for hp in kernel.hyperparameters:
-            value = np.atleast_1d(np.asarray(params[hp.name], dtype=np.float64))
             bounds = (
                 None if hp.fixed
                 else np.asarray(hp.bounds, dtype=np.float64).reshape(-1, 2)
             )
-            result.append(_Hyperparameter(hp.name, value, bounds, hp.n_elements == 1))
+            result.append(
+                _Hyperparameter(hp.name, values[hp.name], bounds, hp.n_elements == 1)
+            )
         return result
 
     def _set_hyperparameter(self, name, value):
