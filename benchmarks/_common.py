@@ -361,14 +361,45 @@ def _fit_crf(X, y, c2):
     return crf.fit(X, [[str(v) for v in s] for s in y])
 
 
-def _crf_marginals(crf, X_test):
-    """crfsuite's per-token marginals as arrays, columns in sorted label order."""
+def crf_items(X):
+    """crfsuite's own input form: one ``pycrfsuite.ItemSequence`` per
+    sequence of feature dicts.
+
+    ``CRF.predict`` and ``CRF.predict_marginals`` build these from the dicts
+    on every call; the prediction timings start from them, as the GP's start
+    from its CSR matrices (each model's own input, built beforehand).
+    """
+    import pycrfsuite
+
+    return [pycrfsuite.ItemSequence(sequence) for sequence in X]
+
+
+def crf_predict(crf, items):
+    """crfsuite's Viterbi labels of prebuilt ``items`` (:func:`crf_items`):
+    ``CRF.predict`` without its conversion of the dicts."""
+    tagger = crf.tagger_
+    return [tagger.tag(item) for item in items]
+
+
+def crf_marginals(crf, items):
+    """crfsuite's per-token marginals of prebuilt ``items`` as arrays.
+
+    One forward-backward per sequence (``Tagger.set``), then the marginals
+    read straight into an array, columns in sorted label order: one
+    ``Tagger.marginal`` call per token and label, the least crfsuite's
+    Python binding allows, and no per-token dicts (``CRF.predict_marginals``
+    builds those). Returns ``(marginals, classes)``.
+    """
+    tagger = crf.tagger_
     classes = sorted(crf.classes_)
-    marginals = [
-        np.array([[token.get(c, 0.0) for c in classes] for token in sequence])
-        .reshape(len(sequence), len(classes))
-        for sequence in crf.predict_marginals(X_test)
-    ]
+    marginals = []
+    for item in items:
+        tagger.set(item)
+        n = len(item)
+        marginals.append(
+            np.array([[tagger.marginal(c, t) for c in classes] for t in range(n)])
+            .reshape(n, len(classes))
+        )
     return marginals, classes
 
 
@@ -397,6 +428,7 @@ def run_crfsuite_grids(X_train, y_train, X_test, y_test, grids):
     """
     y_train = [[str(v) for v in s] for s in y_train]
     y_test = [[str(v) for v in s] for s in y_test]
+    items_test = crf_items(X_test)
     splits = inner_splits(len(X_train))
     cv_accuracy, cv_time = {}, {}
     for c2 in sorted({c2 for grid in grids.values() for c2 in grid}):
@@ -418,16 +450,19 @@ def run_crfsuite_grids(X_train, y_train, X_test, y_test, grids):
                 crf = _fit_crf(X_train, y_train, best)
             refits[best] = (
                 crf, refit.seconds,
-                seconds_per_call(lambda crf=crf: crf.predict(X_test),
+                seconds_per_call(lambda crf=crf: crf_predict(crf, items_test),
                                  PREDICT_MIN_TIME),
-                seconds_per_call(lambda crf=crf: _crf_marginals(crf, X_test),
+                seconds_per_call(lambda crf=crf: crf_marginals(crf, items_test),
                                  PREDICT_MIN_TIME),
             )
         crf, refit_time, predict_seconds, marginals_seconds = refits[best]
-        marginals, classes = _crf_marginals(crf, X_test)
+        y_pred = crf.predict(X_test)
+        if [list(s) for s in crf_predict(crf, items_test)] != [list(s) for s in y_pred]:
+            raise AssertionError("crf_predict differs from CRF.predict")
+        marginals, classes = crf_marginals(crf, items_test)
         out[name] = {
             "calibration": calibration(y_test, marginals, classes),
-            "error": token_error(y_test, crf.predict(X_test)),
+            "error": token_error(y_test, y_pred),
             "c2": best,
             "grid": list(grid),
             "select_time": float(sum(cv_time[c] for c in grid)),
@@ -471,8 +506,11 @@ def run_peers(X_train, y_train, X_test, y_test, feature_names, with_crf,
             C_train, y_train, C_test, y_test,
             {"crf": CRF_C2_GRID, "crf_wide": CRF_C2_WIDE_GRID},
         )
+        items_seconds = seconds_per_call(lambda: crf_items(C_test),
+                                         PREDICT_MIN_TIME)
         for key, result in crfs.items():
             result["convert_time"] = convert.seconds
+            result["items_time"] = items_seconds
             result["total_time"] = result["select_time"] + result["refit_time"]
             out[key] = result
         crf, wide = crfs["crf"], crfs["crf_wide"]
@@ -515,6 +553,16 @@ def template_features(template, tokens_train, tokens_test):
         X_train = vectorizer.fit_transform(tokens_train)
         X_test = vectorizer.transform(tokens_test)
     return X_train, X_test, vectorizer.get_feature_names_out(), sw.seconds
+
+
+def transform_time(template, tokens_train, tokens_test):
+    """Seconds per call of the template vectorizer (fitted on
+    ``tokens_train``) transforming ``tokens_test``: the GP's feature
+    extraction at prediction time, which its prediction timings (from the
+    CSR matrices) leave out."""
+    vectorizer = CRFppTemplateVectorizer(template).fit(tokens_train)
+    return seconds_per_call(lambda: vectorizer.transform(tokens_test),
+                            PREDICT_MIN_TIME)
 
 
 def token_dict(sentence, t):
@@ -649,15 +697,20 @@ def difference_rows(results, gp_error):
 PREDICTION_HEADER = [
     "GP predict", "CRF predict", "GP / CRF",
     "GP predict_marginals", "CRF predict_marginals", "GP / CRF",
+    "GP features from tokens", "CRF dicts to items",
 ]
 
 
 def prediction_rows(results):
     """Markdown rows: per data set of ``results`` (name -> fold results), the
     GP's and the protocol CRF's mean ``predict`` and ``predict_marginals``
-    times on the test folds, and their ratios (per fold, then averaged).
-    Folds without both models' times (earlier JSON) are left out; a fold
-    where the GP failed counts as a failed value (NaN, noted "[n failed]")."""
+    times on the test folds, and their ratios (per fold, then averaged),
+    each model from its own input (the GP's CSR matrices, crfsuite's item
+    sequences); then what building those inputs costs, where measured: the
+    GP's template features from the tokens and crfsuite's item sequences
+    from its feature dicts ("-" in earlier JSON). Folds without both
+    models' times (earlier JSON) are left out; a fold where the GP failed
+    counts as a failed value (NaN, noted "[n failed]")."""
     nan = float("nan")
     rows = []
     for name, folds in results.items():
@@ -682,6 +735,10 @@ def prediction_rows(results):
                 format_mean_std(crf, digits=1, unit=" ms"),
                 format_mean_std(ratios, digits=2, unit="x"),
             ]
+        for model, key in ((0, "transform_time"), (1, "items_time")):
+            seconds = [pair[model][key] for pair in pairs if key in pair[model]]
+            row.append(format_mean_std([1e3 * v for v in seconds], digits=1,
+                                       unit=" ms") if seconds else "-")
         rows.append(row)
     return rows
 

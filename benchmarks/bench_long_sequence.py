@@ -12,9 +12,10 @@ length and label count:
 - the GP with the library's blocks ("GP, blocks");
 - the GP with every sample at once (``PREDICT_SAMPLE_BYTES`` raised: the
   behaviour before blocks), only where its samples fit ``--max-gib``;
-- sklearn-crfsuite's ``predict_marginals`` on the same features (its
-  per-token dicts turned into an array, as ``_common._crf_marginals`` does
-  for every benchmark).
+- crfsuite's marginals of the same features (``_common.crf_marginals``,
+  as for every benchmark: one forward-backward, the marginals read from
+  its tagger into an array; its item sequence built beforehand, as the
+  GP's features are).
 
 Every measurement runs in a fresh process (``multiprocessing`` spawn): a GP
 (linear kernel on sparse binary features, ``max_iter=10``: the fit's
@@ -44,9 +45,10 @@ from concurrent.futures import ProcessPoolExecutor
 import numpy as np
 from _common import (
     CRF_MISSING,
-    _crf_marginals,
     _fit_crf,
     command_line,
+    crf_items,
+    crf_marginals,
     crfsuite_available,
     environment,
     markdown_table,
@@ -99,10 +101,10 @@ def measure(config):
     if config["model"] == "crf":
         names = np.array([f"f{j}" for j in range(long_x.shape[1])], dtype=object)
         crf = _fit_crf(to_crfsuite(X, names), y, 0.1)
-        test = to_crfsuite([long_x], names)
+        test = crf_items(to_crfsuite([long_x], names))
 
         def call():
-            return _crf_marginals(crf, test)[0][0]
+            return crf_marginals(crf, test)[0][0]
     else:
         gp = GPStructClassifier(max_iter=10, random_state=0)
         with warnings.catch_warnings():

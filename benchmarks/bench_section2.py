@@ -68,12 +68,13 @@ from _common import (
     QUOTED_SECTION2,
     DataSet,
     Stopwatch,
-    _crf_marginals,
     _fit_crf,
     calibration,
     calibration_text,
     check_data_dir,
     command_line,
+    crf_items,
+    crf_marginals,
     crfsuite_available,
     environment,
     failure_status,
@@ -340,7 +341,7 @@ def run_rep(pool, r, n_train, params, max_iter, epochs, args, with_crf):
             with Stopwatch() as fit:
                 crf = _fit_crf(C_train, y_train_s, c2)
             error = token_error(y_test, crf.predict(C_test))
-            marginals, classes = _crf_marginals(crf, C_test)
+            marginals, classes = crf_marginals(crf, crf_items(C_test))
             fixed = result[f"crf_c2={c2:g}"] = {
                 "error": error,
                 "fit_time": fit.seconds,

@@ -63,6 +63,7 @@ from _common import (
     run_peers,
     take,
     template_features,
+    transform_time,
     write_json,
 )
 
@@ -190,6 +191,7 @@ def run_fold(dataset, pool, folds, k, params, args, with_crf):
     )
     result["gp"] = fit_gp(params, args.verbose, X_train, y_train, X_test, y_test)
     gp = result["gp"]
+    gp["transform_time"] = transform_time(template, tok_train, tok_test)
     if "failure" in gp:
         print(f"  GP   FAILED: {gp['failure']}", flush=True)
     else:
@@ -328,14 +330,19 @@ def main(argv=None):
         ))
         print()
         print("Mean seconds per call over repeated calls of at least "
-              f"{PREDICT_MIN_TIME:g} s. The GP predicts from the CSR template "
-              "features, the CRF (the protocol grid's refit) from crfsuite's "
-              "feature dicts, built beforehand and not timed; "
+              f"{PREDICT_MIN_TIME:g} s, each model from its own input, built "
+              "beforehand: the GP from the CSR template features, the CRF "
+              "(the protocol grid's refit) from crfsuite's item sequences; "
+              "labels and marginal arrays out (the CRF's marginals read "
+              "from its tagger into arrays, no per-token dicts). "
               "predict_marginals: the GP averages "
               f"{GPStructClassifier(**params).n_predict_samples} posterior "
               "samples' forward-backward marginals, the CRF runs one "
-              "forward-backward (its marginals converted to arrays, as for "
-              "the calibration).")
+              "forward-backward. The last two columns: building those "
+              "inputs, the GP's template features from the test tokens and "
+              "crfsuite's item sequences from its feature dicts (how the "
+              "dicts are made from tokens is the CRF user's own code, not "
+              "timed).")
         print()
     print("## Calibration of the per-token marginals (mean (std over folds))")
     print()

@@ -441,9 +441,12 @@ def table1_section(suite, results):
             ))
         parts.append(
             "Mean seconds per call over repeated calls of at least "
-            f"{PREDICT_MIN_TIME:g} s, the GP's and the protocol CRF's (its "
-            "input, crfsuite's feature dicts, built beforehand and not timed); "
-            "GP / CRF per fold, then averaged.")
+            f"{PREDICT_MIN_TIME:g} s, the GP's and the protocol CRF's, each "
+            "from its own input built beforehand (CSR template features; "
+            "crfsuite's item sequences) to labels or marginal arrays; GP / "
+            "CRF per fold, then averaged. Last two columns: building those "
+            "inputs (template features from the test tokens; item sequences "
+            "from crfsuite's feature dicts).")
     return _section("1. Table 1 (BENCHMARK.md section 1)", "\n\n".join(parts))
 
 

@@ -84,7 +84,6 @@ def check_groups(groups, name, n_features=None):
     if (
         array.ndim != 1 or array.size == 0 or array.dtype.kind not in "iu"
         or (n_features is not None and array.size != n_features)
-        or array.min() < 0
     ):
         count = "" if n_features is None else f" ({n_features})"
         raise ValueError(

@@ -950,8 +950,9 @@ class GPStructClassifier(BaseEstimator):
         (see ``decode``).
     gradient : {"pathwise", "score"}, default="pathwise"
         Monte Carlo gradient estimator: reparameterisation (needs the
-        likelihood's gradient) or the score-function estimator with control
-        variates (needs only ``log p(y | f)``). The score estimator works
+        likelihood's gradient) or the score-function estimator with each
+        sample's baseline the mean of the others' (a leave-one-out control
+        variate; needs only ``log p(y | f)``). The score estimator works
         with each sequence's dense covariance: memory in ``T**2`` and time
         in ``T**3`` for a sequence of ``T`` tokens (pathwise: linear), and
         refuses sequences whose arrays would exceed 2 GiB (above about
@@ -1089,7 +1090,8 @@ CollapsedFeatures`). The posterior family is richer than the mean-field
         On the Table 1 folds 16 paired draws estimate the marginals about
         as accurately as 32 independent ones, in 0.47 to 0.75 times their
         time on larger test sets (:doc:`/benchmarks`, "Antithetic draws in
-        predict_marginals").
+        predict_marginals"). Not used after an ``inference="ess"`` fit,
+        whose marginals average over its kept samples.
     pairwise_uncertainty : bool, default=False
         Whether :meth:`predict_marginals` (and ``decode="marginal"``) also
         averages over the posterior spread of the pairwise potentials
@@ -1129,7 +1131,8 @@ GroupedLinearKernel`: automatic relevance determination per group).
     ess_n_iter : int, default=10000
         ESS iterations (``inference="ess"``).
     ess_burn_in : int or None, default=None
-        Iterations discarded first; None discards half.
+        Iterations discarded first; None discards half. ``ess_burn_in +
+        ess_thin`` must be at most ``ess_n_iter`` (at least one sample kept).
     ess_thin : int, default=10
         Keep one sample in ``ess_thin`` after burn-in.
     ess_memory_limit : int, default=4 GiB
@@ -1163,7 +1166,9 @@ GroupedLinearKernel`: automatic relevance determination per group).
         it fitted; on other data, from every feature's fitted marginal. A
         stochastic fit also continues SAGA's stored gradients when its
         mini-batches are the previous fit's (same data and
-        ``random_state``), and starts them
+        ``random_state``), with Adam's moments and the step size schedule
+        (the epochs run so far count in ``learning_rate / sqrt(epoch)``),
+        and starts them
         afresh otherwise; they are kept after a stochastic fit only with
         ``warm_start=True`` (they can take more memory than the posterior).
         Not available with ``inference="ess"``, nor after an ESS fit (there
@@ -1373,12 +1378,21 @@ GroupedLinearKernel`: automatic relevance determination per group).
         ):
             _check_integer(self, name, low)
         if self.ess_burn_in is not None and (
-            not is_integer(self.ess_burn_in)
-            or not 0 <= self.ess_burn_in < self.ess_n_iter
+            not is_integer(self.ess_burn_in) or self.ess_burn_in < 0
         ):
             raise ValueError(
-                "ess_burn_in must be None or an integer in [0, ess_n_iter), got "
+                "ess_burn_in must be None or an integer >= 0, got "
                 f"{self.ess_burn_in!r}"
+            )
+        burn_in, burn_in_text = self.ess_burn_in, ""
+        if burn_in is None:
+            burn_in, burn_in_text = self.ess_n_iter // 2, " (None: ess_n_iter // 2)"
+        if burn_in + self.ess_thin > self.ess_n_iter:
+            # The sampler's own rule, named by the estimator's parameters.
+            raise ValueError(
+                f"no sample would be kept: ess_burn_in{burn_in_text} + ess_thin "
+                f"({burn_in} + {self.ess_thin}) must be at most ess_n_iter "
+                f"({self.ess_n_iter})"
             )
         for name in (
             "learn_hyperparameters", "warm_start", "early_stopping",
@@ -1438,16 +1452,23 @@ GroupedLinearKernel`: automatic relevance determination per group).
             )
         likelihood = get_likelihood(self.likelihood)
         # (inference='ess' refuses every likelihood but the chain's, below)
+        saga = self.inference != "ess" and (partial or self.optimizer == "stochastic")
+        what = "partial_fit" if partial else "optimizer='stochastic'"
+        if saga and not likelihood.has_gradient:
+            raise ValueError(
+                f"{what} runs SAGA with the pathwise estimator, which needs "
+                f"a likelihood with a gradient; {likelihood!r} provides "
+                "only log p(y | f), whose score estimator "
+                "(gradient='score') is available with fit and "
+                "optimizer='lbfgs' only"
+            )
+        if saga and self.gradient == "score":
+            raise ValueError(
+                f"{what} runs SAGA with the pathwise estimator: "
+                "gradient='score' is available with fit and optimizer='lbfgs' "
+                "only; use gradient='pathwise'"
+            )
         if not likelihood.has_gradient and self.inference != "ess":
-            if partial or self.optimizer == "stochastic":
-                what = "partial_fit" if partial else "optimizer='stochastic'"
-                raise ValueError(
-                    f"{what} runs SAGA with the pathwise estimator, which needs "
-                    f"a likelihood with a gradient; {likelihood!r} provides "
-                    "only log p(y | f), whose score estimator "
-                    "(gradient='score') is available with fit and "
-                    "optimizer='lbfgs' only"
-                )
             if self.gradient == "pathwise":
                 raise ValueError(
                     f"gradient='pathwise' needs a likelihood with a gradient; "
@@ -1525,7 +1546,13 @@ GroupedLinearKernel`: automatic relevance determination per group).
         features are centred, those active at most of its tokens). Always
         uses the SAGA optimiser, whatever ``optimizer`` says: one epoch, a
         step on each mini-batch of ``batch_size`` sequences of this piece
-        once, in a random order. Not available with ``inference="ess"``,
+        once, in a random order. Each call starts SAGA afresh: its stored
+        gradients, Adam's moments and its step size (``learning_rate``)
+        belong to the call, so the posterior after a call is that epoch's
+        last point and keeps moving by about ``learning_rate`` per
+        coordinate from call to call; lower ``learning_rate`` for a model
+        that should settle (see the user guide, "Choosing the
+        optimiser"). Not available with ``inference="ess"``,
         nor after an ESS fit (no variational posterior to continue). A call
         that fails leaves the estimator as it was.
 
@@ -1544,12 +1571,6 @@ GroupedLinearKernel`: automatic relevance determination per group).
         """
         if self.inference == "ess":
             raise ValueError("partial_fit is not available with inference='ess'")
-        if self.gradient == "score":
-            raise ValueError(
-                "partial_fit runs SAGA, which uses the pathwise estimator: "
-                "gradient='score' (which likelihoods without a gradient need) "
-                "is available with fit and optimizer='lbfgs' only"
-            )
         return self._fit(X, y, classes=classes, partial=True)
 
     def _fit(self, X, y, classes=None, partial=False):
@@ -2113,7 +2134,8 @@ GroupedLinearKernel`: automatic relevance determination per group).
         for name in ("q_mu_", "q_sqrt_", "weights_", "inducing_", "inducing_points_",
                      "elbo_history_", "pairwise_std_", "saga_memory_bytes_",
                      "validation_score_history_", "_saga_state", "_saga_items",
-                     "_collapsed"):
+                     "_collapsed", "_inducing_state", "_hyperprior_centre",
+                     "_predict_seed"):
             self.__dict__.pop(name, None)
         self.classes_ = classes
         self._fitted_likelihood = likelihood
@@ -2209,12 +2231,6 @@ GroupedLinearKernel`: automatic relevance determination per group).
         With ``one_pass`` (``partial_fit``) an epoch steps on every
         mini-batch once, in a random order.
         """
-        if self.gradient == "score":
-            raise ValueError(
-                "optimizer='stochastic' uses the pathwise estimator; the score "
-                "estimator is available with optimizer='lbfgs'"
-            )
-
         budget = _NoiseBudget(SAGA_NOISE_BYTES)
 
         def item(i, step, x):
@@ -2716,6 +2732,7 @@ GroupedLinearKernel`: automatic relevance determination per group).
             ])
         sequences = self._check_predict_input(X)
         out = [None] * len(sequences)
+        pairwise = self._decoding_pairwise(self.pairwise_mean_)
         for sl, X_c, offsets in self._chunks(sequences):
             if X_c is None:
                 for i in range(sl.start, sl.stop):
@@ -2723,7 +2740,6 @@ GroupedLinearKernel`: automatic relevance determination per group).
                 continue
             with np.errstate(over="ignore", invalid="ignore"):  # refused below
                 unary = self._mean_potentials(X_c)
-            pairwise = self._decoding_pairwise(self.pairwise_mean_)
             _check_potentials(unary, pairwise, offsets, X_c, "mean")
             labels, _ = chain.viterbi(unary, pairwise, offsets)
             for i, piece in zip(range(sl.start, sl.stop),

@@ -73,6 +73,7 @@ import os
 import pickletools
 import re
 import sys
+import tempfile
 import time
 import traceback
 import warnings
@@ -518,15 +519,65 @@ def _write_text(text, path, encoding):
 # ---------------------------------------------------------------------- #
 # model files
 def _save_model(model, path):
+    """Write ``model`` to ``path`` whole or not at all.
+
+    Written to a temporary file beside ``path``, then renamed over it: a
+    write that fails (a full disk, a quota, an interrupt) leaves an earlier
+    model file at ``path`` as it was, and no partial file.
+    """
     import joblib
 
+    directory = os.path.dirname(os.path.abspath(path))
+    temporary = None
     try:
+        fd, temporary = tempfile.mkstemp(
+            prefix=".skgpstruct-", suffix=".tmp", dir=directory
+        )
+        os.close(fd)
         # Uncompressed, so that _written_version can read the header.
-        joblib.dump(model, path)
+        joblib.dump(model, temporary)
+        # The permissions an overwritten file had, or a new file's (mkstemp
+        # makes it private).
+        try:
+            mode = os.stat(path).st_mode & 0o777
+        except OSError:
+            umask = os.umask(0)
+            os.umask(umask)
+            mode = 0o666 & ~umask
+        os.chmod(temporary, mode)
+        os.replace(temporary, path)
+        temporary = None
     except OSError as exc:
         raise CommandError(
             f"cannot write model file {path!r}: {exc.strerror or exc}"
         ) from None
+    finally:
+        if temporary is not None:
+            with contextlib.suppress(OSError):
+                os.remove(temporary)
+
+
+def _decompressed(handle):
+    """``handle`` read through the decompressor its first bytes name, as
+    ``joblib.dump(..., compress=...)`` writes (zlib, gzip, bz2, xz, lzma):
+    a model file recompressed by its user is still recognised."""
+    import bz2
+    import gzip
+    import lzma
+
+    from joblib.compressor import BinaryZlibFile
+
+    magic = handle.read(6)
+    handle.seek(0)
+    if magic.startswith(b"\x1f\x8b"):
+        return gzip.GzipFile(fileobj=handle, mode="rb")
+    if magic.startswith(b"BZh"):
+        return bz2.BZ2File(handle, mode="rb")
+    if magic.startswith(b"\xfd7zXZ\x00") or magic.startswith(b"\x5d\x00\x00"):
+        return lzma.LZMAFile(handle, mode="rb")
+    if magic[:1] == b"\x78":  # zlib, joblib's compress=True / int
+        return BinaryZlibFile(handle, mode="rb")
+    return contextlib.nullcontext(handle)
 
 
 def _written_version(path):
@@ -538,7 +589,7 @@ def _written_version(path):
     """
     strings = []
     try:
-        with open(path, "rb") as handle:
+        with open(path, "rb") as raw, _decompressed(raw) as handle:
             for k, (_, arg, _) in enumerate(pickletools.genops(handle)):
                 if k > 64:
                     break

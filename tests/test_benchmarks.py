@@ -197,7 +197,19 @@ def test_prediction_times_against_the_crf(common, run_suite):
         "seg", f"3.0 ms ({np.std([2.0, 4.0], ddof=1):.1f})", "10.0 ms (0.0)",
         f"0.30x ({sd:.2f})", f"75.0 ms ({np.std([60.0, 90.0], ddof=1):.1f})",
         "30.0 ms (0.0)", f"2.50x ({np.std([2.0, 3.0], ddof=1):.2f})",
+        "-", "-",
     ]]
+    # The inputs' building costs, where measured (the folds' that have them).
+    folds[0]["gp"]["transform_time"] = 0.050
+    folds[1]["gp"]["transform_time"] = 0.070
+    folds[1]["crf"]["items_time"] = 0.008
+    with_inputs = common.prediction_rows({"seg": folds})
+    assert with_inputs[0][-2:] == [
+        f"60.0 ms ({np.std([50.0, 70.0], ddof=1):.1f})", "8.0 ms",
+    ]
+    assert with_inputs[0][:-2] == rows[0][:-2]
+    for f in folds:
+        f["gp"].pop("transform_time", None), f["crf"].pop("items_time", None)
     # Folds of earlier JSON (no times) are left out, and a data set with
     # none gives no row.
     old = fold(2, (0.0, 0.0), (0.0, 0.0))
@@ -351,7 +363,7 @@ def test_failed_gp_folds_are_marked_in_every_table(common, run_suite, capsys):
     assert gp_row[2:] == ["0.300 (0.000) [1 failed]", "0.0200 (0.0000) [1 failed]"]
     assert crf_row[2:] == ["0.400 (0.000)", "0.0500 (0.0000)"]
     (row,) = common.prediction_rows(results)
-    assert all(cell.endswith("[1 failed]") for cell in row[1:2] + row[3:5] + row[6:])
+    assert all(cell.endswith("[1 failed]") for cell in row[1:2] + row[3:5] + row[6:7])
     report = run_suite.table1_section(
         {"steps": {}}, {"table1-batch": {"results": results, "gp_options": {}}}
     )
@@ -531,6 +543,34 @@ def test_bench_hashed_rows(bench_hashed):
     assert vocabulary["model columns"] <= vocabulary["columns"]
     assert ratio["pickle"] == hashed["pickle MB"] / vocabulary["pickle MB"]
     assert ratio["fit"] == hashed["fit s"] / vocabulary["fit s"]
+
+
+def test_crfsuite_from_prebuilt_items_matches_its_own_api(common):
+    # The prediction timings call crfsuite's tagger on prebuilt item
+    # sequences; what they compute must be CRF.predict's labels and
+    # CRF.predict_marginals' probabilities (per-token dicts there).
+    pytest.importorskip("sklearn_crfsuite")
+    from skgpstruct.datasets import make_sequences
+
+    X, y = make_sequences(n_sequences=12, n_features=8, n_classes=3, sparse=True,
+                          random_state=1)
+    names = np.array([f"f{j}" for j in range(X[0].shape[1])])
+    C = common.to_crfsuite(X, names)
+    crf = common._fit_crf(C[:8], y[:8], 0.1)
+    items = common.crf_items(C[8:])
+    assert [list(s) for s in common.crf_predict(crf, items)] == [
+        list(s) for s in crf.predict(C[8:])
+    ]
+    marginals, classes = common.crf_marginals(crf, items)
+    assert classes == sorted(crf.classes_)
+    expected = crf.predict_marginals(C[8:])
+    assert len(marginals) == len(expected) == 4
+    for array, dicts, x in zip(marginals, expected, X[8:], strict=True):
+        assert array.shape == (x.shape[0], len(classes))
+        np.testing.assert_allclose(
+            array, [[token[c] for c in classes] for token in dicts], rtol=0, atol=0
+        )
+        np.testing.assert_allclose(array.sum(axis=1), 1.0, rtol=1e-12)
 
 
 def test_crfsuite_grids_share_the_inner_cv(common):

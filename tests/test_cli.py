@@ -1,5 +1,6 @@
 """The command line, run as a user runs it: ``python -m skgpstruct``."""
 
+import errno
 import os
 import pickle
 import re
@@ -765,3 +766,53 @@ def test_outputs_are_checked_for_writing_where_they_are_written(monkeypatch, tmp
         cli._check_output_path(str(existing), "output file")
     writable.add(str(tmp_path))
     cli._check_output_path(str(tmp_path / "new.out"), "output file")
+
+
+def test_a_failed_model_write_leaves_the_earlier_model_file(tmp_path, monkeypatch):
+    # joblib wrote onto MODEL_FILE itself: a full disk truncated the earlier
+    # model (which predict then could not load) and left a partial file.
+    path = tmp_path / "model.skgp"
+    cli._save_model({"model": 1}, str(path))
+    path.chmod(0o640)
+    before = path.read_bytes()
+
+    def full_disk(value, filename, *args, **kwargs):
+        with open(filename, "wb") as handle:
+            handle.write(b"partial")
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(joblib, "dump", full_disk)
+    with pytest.raises(cli.CommandError,
+                       match="cannot write model file .*No space left on device"):
+        cli._save_model({"model": 2}, str(path))
+    assert path.read_bytes() == before
+    assert [p.name for p in tmp_path.iterdir()] == ["model.skgp"]  # no leftover
+    monkeypatch.undo()
+    # A write that succeeds replaces it, with the permissions it had; a new
+    # file gets the umask's.
+    cli._save_model({"model": 3}, str(path))
+    assert joblib.load(path) == {"model": 3}
+    assert path.stat().st_mode & 0o777 == 0o640
+    umask = os.umask(0o022)
+    try:
+        cli._save_model({"model": 4}, str(tmp_path / "new.skgp"))
+    finally:
+        os.umask(umask)
+    assert (tmp_path / "new.skgp").stat().st_mode & 0o777 == 0o644
+
+
+@pytest.mark.parametrize("compress", [0, 3, "gzip", "bz2", "xz", "lzma"])
+def test_a_recompressed_model_file_is_recognised(tmp_path, compress):
+    # predict loads a model file the user recompressed with joblib; train's
+    # guard against overwriting a file that is not a model, and the
+    # other-version message, read its header through the decompressor (they
+    # read uncompressed files only: train refused to overwrite it).
+    path = tmp_path / "model.skgp"
+    joblib.dump({"format": cli.MODEL_FORMAT, "skgpstruct_version": "0.0.1",
+                 "pipeline": None}, path, compress=compress)
+    assert cli._written_version(str(path)) == "0.0.1"
+    # a compressed file that is not a model, and a damaged one, are not
+    joblib.dump({"format": "other"}, tmp_path / "other.pkl", compress=compress)
+    assert cli._written_version(str(tmp_path / "other.pkl")) is None
+    (tmp_path / "damaged.skgp").write_bytes(path.read_bytes()[:12])
+    assert cli._written_version(str(tmp_path / "damaged.skgp")) is None

@@ -677,6 +677,10 @@ def test_refits_switching_inference_keep_only_their_own_attributes():
     assert not hasattr(model, "ess_") and hasattr(model, "elbo_history_")
     model.set_params(**ess_params).fit(X, y)
     assert not hasattr(model, "elbo_history_") and not hasattr(model, "q_mu_")
+    # nor the variational fit's private state (the inducing variables'
+    # scales or factor, pickled with the model otherwise)
+    for name in ("_inducing_state", "_hyperprior_centre", "_predict_seed"):
+        assert name not in vars(model), name
     fresh = GPStructClassifier(**ess_params).fit(X, y)
     np.testing.assert_array_equal(
         np.concatenate(model.predict_marginals(X)),
@@ -690,6 +694,38 @@ def test_estimator_ess_rejects_bad_burn_in():
     X, y = make_sequences(5, random_state=0)
     with pytest.raises(ValueError, match="ess_burn_in"):
         GPStructClassifier(inference="ess", ess_n_iter=10, ess_burn_in=10).fit(X, y)
+    with pytest.raises(ValueError, match="ess_burn_in must be None or an integer"):
+        GPStructClassifier(inference="ess", ess_burn_in=-1).fit(X, y)
+
+
+@pytest.mark.parametrize("params, numbers", [
+    (dict(ess_n_iter=5), r"ess_burn_in \(None: ess_n_iter // 2\) \+ ess_thin "
+                         r"\(2 \+ 10\) must be at most ess_n_iter \(5\)"),
+    (dict(ess_n_iter=100, ess_burn_in=95),
+     r"ess_burn_in \+ ess_thin \(95 \+ 10\) must be at most ess_n_iter \(100\)"),
+])
+def test_estimator_ess_refuses_a_chain_keeping_nothing_before_any_work(params, numbers):
+    # The rule is the sampler's (burn-in + thin <= iterations), named by the
+    # estimator's parameters and checked with the others, before the data
+    # (here malformed: the parameters are refused first).
+    from skgpstruct import GPStructClassifier
+
+    with pytest.raises(ValueError, match="no sample would be kept: " + numbers):
+        GPStructClassifier(inference="ess", **params).fit([np.zeros((2, 2))], [[0]])
+
+
+@pytest.mark.parametrize("verbose", [True, np.True_])
+def test_estimator_ess_takes_verbose_as_a_flag(verbose, capsys):
+    # verbose is "int or bool" for every inference mode; the sampler had its
+    # own integer check that refused True after the hyperparameters' fit.
+    from skgpstruct import GPStructClassifier
+
+    X, y = make_sequences(5, random_state=0)
+    model = GPStructClassifier(inference="ess", ess_n_iter=20, verbose=verbose,
+                               learn_hyperparameters=False, random_state=0)
+    model.fit(X, y)
+    assert "log-likelihood" in capsys.readouterr().out.lower()
+    assert len(model.log_likelihood_history_) == 20
 
 
 def test_the_sampler_s_log_likelihood_checks_once_and_matches_the_chain():

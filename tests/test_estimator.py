@@ -1409,7 +1409,7 @@ def test_partial_fit_refuses_the_score_estimator_whatever_the_optimizer(
     # It advised optimizer='lbfgs', which partial_fit never runs.
     X, y, _, _ = data
     model = GPStructClassifier(gradient="score", optimizer=optimizer, **FAST)
-    with pytest.raises(ValueError, match=r"partial_fit runs SAGA, .* available "
+    with pytest.raises(ValueError, match=r"partial_fit runs SAGA .* available "
                        r"with fit and optimizer='lbfgs' only"):
         model.partial_fit(X, y, classes=[0, 1, 2])
 

@@ -836,7 +836,8 @@ def test_subclass_gradient_output_is_checked(index, bad, message):
     out[index] = bad
     with pytest.raises(ValueError, match=message):
         _Returns(out=tuple(out)).log_prob_and_gradient(*_batch())
-    with pytest.raises(ValueError, match="must return .log_prob, grad_unary"):
+    with pytest.raises(MalformedLikelihood, match=r"returned a ndarray; expected "
+                       r"three: .log_prob, grad_unary"):
         _Returns(out=np.zeros(3)).log_prob_and_gradient(*_batch())
 
 
@@ -878,3 +879,41 @@ def test_bad_decoding_transitions_name_the_likelihood(data, decode, message):
     for method in (model.predict, model.predict_marginals):
         with pytest.raises(ValueError, match=rf"Decodes\(\) {message}"):
             method(X_test)
+
+
+def test_a_likelihood_with_a_gradient_of_the_wrong_sign_does_not_converge():
+    # The estimator's batch fit cannot climb a gradient inconsistent with the
+    # objective: it warns that the line search failed, where it had taken a
+    # step gaining nothing as convergence after one iteration, silently.
+    class WrongSign(ChainCRF):
+        def _log_prob_and_gradient(self, unary, pairwise, offsets, labels):
+            value, d_unary, d_pairwise = super()._log_prob_and_gradient(
+                unary, pairwise, offsets, labels
+            )
+            return value, -d_unary, -d_pairwise
+
+    X, y = make_sequences(n_sequences=10, random_state=0)
+    with pytest.warns(ConvergenceWarning, match="line search failed"):
+        model = GPStructClassifier(likelihood=WrongSign(), learn_hyperparameters=False,
+                                   random_state=0).fit(X, y)
+    assert model.n_iter_ == 0
+
+
+@pytest.mark.parametrize("returned, what", [
+    (lambda out: out[:2], "2 values"),
+    (lambda out: out[0], "a ndarray"),
+])
+def test_a_gradient_of_the_wrong_arity_is_a_malformed_likelihood(returned, what):
+    # As every other malformed output: the package's error type, naming
+    # the likelihood's method, what it returned and what is expected.
+    class WrongArity(ChainCRF):
+        def _log_prob_and_gradient(self, unary, pairwise, offsets, labels):
+            return returned(super()._log_prob_and_gradient(
+                unary, pairwise, offsets, labels
+            ))
+
+    X, y = make_sequences(n_sequences=4, random_state=0)
+    with pytest.raises(MalformedLikelihood,
+                       match=rf"WrongArity\(\)._log_prob_and_gradient returned "
+                             rf"{what}; expected three: \(log_prob, grad_unary"):
+        GPStructClassifier(likelihood=WrongArity(), max_iter=2).fit(X, y)

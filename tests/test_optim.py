@@ -472,6 +472,52 @@ def test_no_descent_stops_with_a_line_search_failure_at_the_start_point():
     assert result.value == -5.0
 
 
+@pytest.mark.parametrize("x0", [np.ones(3), np.zeros(3)])
+def test_a_step_that_gains_nothing_is_not_taken_as_convergence(x0):
+    # The wrong-sign gradient again, where the shortest halved step still
+    # moves the point (in its last bit) but leaves f unchanged: Armijo's
+    # margin C1 * alpha * slope is below f's rounding, so f_new == f passed
+    # it; the step was taken and the zero change reported as convergence.
+    def value_and_grad(x):
+        return -float(np.sum((x - 3.0) ** 2)), 2.0 * (x - 3.0)
+
+    result = minimize_lbfgs(value_and_grad, x0, max_iter=50)
+    assert not result.converged and "line search failed" in result.message
+    assert result.n_iter == 0
+    np.testing.assert_array_equal(result.x, x0)
+    rounds = minimize_lbfgs_rounds(lambda r, x: value_and_grad, x0, round_size=1,
+                                   max_iter=50)
+    assert not rounds.converged and "line search failed" in rounds.message
+    assert rounds.n_iter == 0
+    np.testing.assert_array_equal(rounds.x, x0)
+
+
+def test_each_round_evaluates_its_start_once_and_counts_iterations_only():
+    # A round's start is needed for its fresh estimate and by its run: one
+    # evaluation serves both (the score estimator's importance-weighted
+    # evaluation is the costliest step of a round). A round that makes no
+    # iteration (here the last, at the optimum) is not counted as one.
+    centre = np.array([3.0, -1.0, 0.5, 2.0, 1.0])
+
+    def value_and_grad(x):
+        return -float(np.sum((x - centre) ** 2)), -2.0 * (x - centre)
+
+    calls = []
+
+    def make(round_index, x_start):
+        def counted(x):
+            calls.append((round_index, x.tobytes()))
+            return value_and_grad(x)
+        return counted
+
+    result = minimize_lbfgs_rounds(make, np.zeros(5), round_size=1, max_iter=100,
+                                   tol=1e-12)
+    assert result.converged
+    assert len(calls) == len(set(calls)), "a point evaluated twice in one round"
+    n_rounds = max(r for r, _ in calls)  # the last key: the end's estimate
+    assert result.n_iter == len(result.history) <= n_rounds
+
+
 def test_a_zero_gradient_at_x0_converges_without_iterating():
     result = minimize_lbfgs(lambda x: (-np.sum(x**2), -2 * x), np.zeros(3))
     assert result.converged and result.n_iter == 0 and result.history == []

@@ -100,6 +100,37 @@ def test_loky_backend_gives_the_same_model(small_chunks):
     assert local.elbo_history_ == spread.elbo_history_
 
 
+def test_a_single_chunk_is_evaluated_in_the_fitting_process(monkeypatch):
+    # One chunk, nothing to share out: under loky it went to a worker at
+    # every evaluation, and the two workers taking turns each missed the
+    # other's cached copy (the chunk sent again at nearly every call).
+    import os
+
+    from skgpstruct.inference import elbo as elbo_module
+
+    calls = []
+    real = elbo_module._cached_chunk_terms
+
+    def here(token, index, chunk, shared):  # only this process is patched
+        calls.append((os.getpid(), index, chunk is not None))
+        return real(token, index, chunk, shared)
+
+    monkeypatch.setattr(elbo_module, "_cached_chunk_terms", here)
+    local = _fit(n_jobs=1)
+    n_local = len(calls)
+    calls.clear()
+    with parallel_config(backend="loky"):
+        spread = _fit(n_jobs=2)
+    assert len(calls) == n_local > 2
+    assert {pid for pid, _, _ in calls} == {os.getpid()}
+    # cached from the first evaluation on: the chunk passed once (the first
+    # call asks for it and misses)
+    assert [sent for _, _, sent in calls[:3]] == [False, True, False]
+    assert sum(sent for _, _, sent in calls) == 1
+    np.testing.assert_array_equal(local.q_mu_, spread.q_mu_)
+    assert local.elbo_history_ == spread.elbo_history_
+
+
 def test_chunks_are_sent_once_and_again_to_a_process_that_lacks_them(
     small_chunks, monkeypatch
 ):
@@ -150,7 +181,8 @@ def test_chunks_are_sent_once_and_again_to_a_process_that_lacks_them(
 
 
 def _first_chunk_task(monkeypatch, n_sequences, **params):
-    """The arguments of the first chunk task of a one-iteration fit."""
+    """The arguments of the first chunk task of a one-iteration fit that
+    carries its chunk."""
     from skgpstruct.inference import elbo as elbo_module
 
     X, y = make_sequences(n_sequences, random_state=0)
@@ -158,7 +190,8 @@ def _first_chunk_task(monkeypatch, n_sequences, **params):
     original = elbo_module._cached_chunk_terms
 
     def spy(token, index, chunk, shared):
-        captured.setdefault("call", (token, index, chunk, shared))
+        if chunk is not None:
+            captured.setdefault("call", (token, index, chunk, shared))
         return original(token, index, chunk, shared)
 
     with monkeypatch.context() as patch:

@@ -58,6 +58,44 @@ def test_saga_solves_a_least_squares_sum_to_the_exact_optimum():
     assert result.stored_bytes == 6 * 3 * 8
 
 
+def test_a_continued_saga_state_resumes_the_step_size_schedule(monkeypatch):
+    # A call continuing a state steps with step_size / sqrt(e) for the e-th
+    # epoch counting the continued state's (a warm start restarted at
+    # step_size while Adam's step count went on); a fresh state starts at
+    # step_size again. n_steps counts the call's own steps.
+    import skgpstruct.optim.saga as saga_module
+
+    rates, adam = [], saga_module.adam_ascent_step
+
+    def recording(x, m, v, d, rate, *args):
+        rates.append(float(rate[0]))
+        return adam(x, m, v, d, rate, *args)
+
+    monkeypatch.setattr(saga_module, "adam_ascent_step", recording)
+    rng = np.random.default_rng(5)
+    A, b = rng.normal(size=(5, 3)), rng.normal(size=5)
+
+    def item(i, step, x):
+        g = A[i] * (b[i] - A[i] @ x)
+        return -0.5 * (b[i] - A[i] @ x) ** 2, g, g.copy()
+
+    def run(state=None):
+        return maximize_saga(
+            item, lambda record, x: record, lambda x: (-0.5 * x @ x, -x),
+            np.zeros(3), 5, step_size=0.3, max_epochs=2, tol=0.0,
+            n_iter_no_change=100, rng=np.random.default_rng(0), state=state,
+        )
+
+    first = run()
+    second = run(state=first.state)
+    fresh = run()
+    per_epoch = [0.3 / np.sqrt(e) for e in (1, 2, 3, 4, 1, 2)]
+    np.testing.assert_allclose(rates, np.repeat(per_epoch, 5), rtol=1e-15)
+    assert (first.n_steps, second.n_steps, fresh.n_steps) == (10, 10, 10)
+    assert (second.state["t"], second.state["epochs"]) == (20, 4)
+    assert first.state["epochs"] == 2  # the continued state is not changed
+
+
 def _sparse_least_squares(n_items=6, n=10, seed=0):
     """Items whose residual reaches only a few coordinates each."""
     rng = np.random.default_rng(seed)
@@ -250,10 +288,22 @@ def test_stochastic_fit_is_reproducible(data):
     np.testing.assert_array_equal(a.q_mu_, b.q_mu_)
 
 
-def test_stochastic_refuses_score_estimator(data):
+def test_stochastic_refuses_score_estimator(data, monkeypatch):
+    # With the other parameters, before any work on the data (the refusal
+    # came after inducing-point selection and chunking), and alike for fit
+    # and partial_fit.
     X, y, _, _ = data
-    with pytest.raises(ValueError, match="pathwise"):
+
+    def no_work(*args, **kwargs):
+        raise AssertionError("work done before the parameters were checked")
+
+    monkeypatch.setattr(GPStructClassifier, "_make_inducing", no_work)
+    expected = ("runs SAGA with the pathwise estimator: gradient='score' is "
+                "available with fit and optimizer='lbfgs' only")
+    with pytest.raises(ValueError, match="optimizer='stochastic' " + expected):
         GPStructClassifier(optimizer="stochastic", gradient="score").fit(X, y)
+    with pytest.raises(ValueError, match="partial_fit " + expected):
+        GPStructClassifier(gradient="score").partial_fit(X, y, classes=[0, 1, 2])
 
 
 def test_partial_fit_learns_from_pieces(data):

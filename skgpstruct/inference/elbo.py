@@ -10,7 +10,8 @@ the result is bit-identical for any ``n_jobs`` and any joblib backend.
 The training data do not change during a fit, so each worker process keeps
 the chunks it has received (:func:`_cached_chunk_terms`): after the first
 evaluation only the small per-evaluation state is sent, and a chunk goes
-out again only to a worker that has not seen it yet.
+out again (to whichever worker joblib picks) when the worker that ran its
+task did not hold it. A single chunk is evaluated in the calling process.
 """
 
 import dataclasses
@@ -248,7 +249,6 @@ class SparseELBO:
         parallel,
         *,
         chunks=None,
-        scale=1.0,
         iteration_key=0,
         reference=None,
         include_kl=True,
@@ -261,10 +261,10 @@ class SparseELBO:
         parallel : joblib.Parallel
             An open Parallel object; chunks are dispatched through it.
         chunks : list of Chunk, default=None
-            A subset of chunks (stochastic mode); all chunks when None.
-        scale : float, default=1.0
-            Multiplies the expected log-likelihood of ``chunks`` (the inverse
-            fraction of the data they hold, in stochastic mode).
+            A subset of the chunks, whose expected log-likelihood alone is
+            evaluated (the KL terms whole); all chunks when None. (The
+            stochastic optimiser evaluates one chunk with
+            :meth:`evaluate_local`.)
         iteration_key : int, default=0
             Selects the Monte Carlo base samples; 0 reuses the same samples
             at every call (batch mode).
@@ -317,13 +317,8 @@ class SparseELBO:
                     if d_state is None:
                         d_state = np.zeros_like(state)
                     _add_at(d_state, support, res["inducing_state"], axis=0)
-        ell *= scale
-        for g in grads.astuple():
-            g *= scale
-        if d_theta is not None:
-            d_theta *= scale
-            if d_state is not None:
-                d_theta += self.inducing.finish_gradient(kernel, state, d_state * scale)
+        if d_state is not None:
+            d_theta += self.inducing.finish_gradient(kernel, state, d_state)
 
         if not include_kl:
             gradient = layout.pack_gradient(params, grads, d_theta, 0.0)
@@ -350,11 +345,24 @@ class SparseELBO:
         """``chunk_terms`` of every chunk, in chunk order.
 
         The first call sends every chunk with its task; later calls send only
-        the chunk's index, and send the chunk again to whichever worker
-        answers that it does not hold it.
+        the chunk's index, and a chunk that the worker running its task does
+        not hold goes out again in a second task, which joblib gives to
+        whichever worker is free (not necessarily the one that missed).
+        A single chunk is evaluated in this process: there is nothing to
+        share out, and two workers taking turns missed it at every call.
         """
         if not hasattr(self, "_token"):
             self._token = uuid.uuid4().hex
+        if len(self.chunks) == 1:
+            chunk = self.chunks[0]
+            restricted = self._restricted(shared, chunk)[0]
+            # Cached here as in a worker (kept from the first call on, unless
+            # another fit in this process took the cache since).
+            answer = _cached_chunk_terms(self._token, 0, None, restricted)
+            if answer is None:
+                answer = _cached_chunk_terms(self._token, 0, chunk, restricted)
+            self._dispatched = True
+            return [answer]
         results = [None] * len(self.chunks)
         pending = list(range(len(self.chunks)))
         with_data = not getattr(self, "_dispatched", False)

@@ -58,6 +58,7 @@ from scipy import linalg
 from scipy.linalg import blas
 
 from .. import chain
+from .._checks import check_integer
 from .._linalg import jitter_cholesky
 from .._sequences import _check_finite, chunk_slices
 from .inducing import CollapsedFeatures
@@ -300,13 +301,6 @@ class _ChainLogLikelihood:
         return float(loglik.sum())
 
 
-def _check_int(value, name, low):
-    integer = isinstance(value, int | np.integer) and not isinstance(value, bool)
-    if not integer or value < low:
-        raise ValueError(f"{name} must be an integer >= {low}, got {value!r}")
-    return int(value)
-
-
 def check_chain_size(n_tokens, n_classes, n_iter, burn_in, thin, memory_limit):
     """Validate a chain's length and what it would allocate, allocating nothing.
 
@@ -331,9 +325,11 @@ def check_chain_size(n_tokens, n_classes, n_iter, burn_in, thin, memory_limit):
         sampler's buffers would exceed ``memory_limit`` (the message says
         how to proceed).
     """
-    n_iter = _check_int(n_iter, "n_iter", 1)
-    thin = _check_int(thin, "thin", 1)
-    burn_in = n_iter // 2 if burn_in is None else _check_int(burn_in, "burn_in", 0)
+    n_iter = int(check_integer(n_iter, "n_iter", 1))
+    thin = int(check_integer(thin, "thin", 1))
+    if burn_in is None:
+        burn_in = n_iter // 2
+    burn_in = int(check_integer(burn_in, "burn_in", 0))
     if burn_in + thin > n_iter:
         raise ValueError(
             f"no sample would be kept: burn_in + thin ({burn_in} + {thin}) must "
@@ -416,8 +412,8 @@ def sample_posterior(
         ``(n_iter - burn_in) // thin`` samples, at least one.
     random_state : int, numpy.random.Generator or None, default=None
         Seed; the same seed gives the same chain.
-    verbose : int, default=0
-        If positive, print about twenty progress lines (iteration,
+    verbose : int or bool, default=0
+        If positive (or True), print about twenty progress lines (iteration,
         log-likelihood, likelihood evaluations per iteration, seconds);
         if 2 or more, one per iteration.
     memory_limit : int, default=4 GiB
@@ -445,8 +441,10 @@ def sample_posterior(
     conditional used in prediction), and is recorded in
     :attr:`ESSPosterior.jitter`.
     """
-    n_classes = _check_int(n_classes, "n_classes", 1)
-    verbose = _check_int(verbose, "verbose", 0)
+    n_classes = int(check_integer(n_classes, "n_classes", 1))
+    # True and False as 1 and 0, as the estimator takes them
+    verbose = int(verbose if isinstance(verbose, bool | np.bool_)
+                  else check_integer(verbose, "verbose", 0))
     sigma2 = float(pairwise_prior_variance)
     if not (np.isfinite(sigma2) and sigma2 > 0):
         raise ValueError(

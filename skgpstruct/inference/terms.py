@@ -24,9 +24,15 @@ Two estimators of the gradient (``estimator``):
 ``"score"``
     the paper's black-box estimator: samples ``f = b + chol(Sigma) eta`` of
     the T_n-dimensional marginal, and the score of that Gaussian with respect
-    to (b, Sigma) times ``log p(y | f) - a``; the control-variate coefficient
-    ``a`` (section 5.1) is estimated per sequence on a second, independent set
-    of samples so that the estimate stays unbiased. Needs only ``log p``.
+    to (b, Sigma) times ``log p(y | f) - a``, ``a`` a baseline (a control
+    variate). Needs only ``log p``. The estimator's fits evaluate it with a
+    reference posterior (``SharedState.reference``, the round's start in
+    :func:`~skgpstruct.optim.minimize_lbfgs_rounds`): importance-weighted,
+    each sample's baseline the mean of the others' ``log p`` (leave-one-out,
+    unbiased; see :func:`_score`). Without one (direct callers and the
+    tests) it is the plain estimator, with the paper's control-variate
+    coefficient ``a`` (section 5.1) estimated per sequence on a second,
+    independent set of samples so that the estimate stays unbiased.
 
 Both return the chunk's ELL estimate and the gradients with respect to
 ``q_mu``, ``q_sqrt``, the mixture weights, the pairwise posterior, the
@@ -927,9 +933,13 @@ def _score(chunk, shared, projection, residual_sd, rng):
     full = params.full_covariance
     w = params.weights
 
-    # Fixed samples from the reference marginals: estimate set and baseline set.
-    eta = rng.standard_normal((2, K, V, T, S))
-    samples = np.empty((2, K, V, T, S))
+    # Fixed samples from the reference marginals: the estimate set and, for
+    # the plain estimator's control variate only, a baseline set (drawn
+    # after the first: the estimate set is the same either way).
+    use_control_variate = shared.control_variate and ref is None
+    n_sets = 2 if use_control_variate else 1
+    eta = rng.standard_normal((n_sets, K, V, T, S))
+    samples = np.empty((n_sets, K, V, T, S))
     log_q0 = np.zeros((K, n_seq, S))  # estimate set, summed over labels
     marginals0 = []  # (mean, Cholesky factor) of q0(f_n) per sequence
     for n, (rows, B_n) in enumerate(
@@ -956,7 +966,6 @@ def _score(chunk, shared, projection, residual_sd, rng):
         np.ascontiguousarray(unary[0]).reshape(K * S, T, V),
         np.tile(pair0, (K, 1, 1)), offsets, chunk.labels,
     ).reshape(K, S, n_seq)
-    use_control_variate = shared.control_variate and ref is None
     if use_control_variate:
         # The baseline set: independent unaries (eta[1]) and transitions.
         pair_base = params0.pairwise_mean[None] + params0.pairwise_std[

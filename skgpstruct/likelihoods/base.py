@@ -295,9 +295,13 @@ class Likelihood(ABC):
         )
         out = self._log_prob_and_gradient(unary, pairwise, offsets, labels)
         if not isinstance(out, tuple | list) or len(out) != 3:
-            raise ValueError(
-                f"{self!r} must return (log_prob, grad_unary, grad_pairwise) from "
-                f"_log_prob_and_gradient, got {type(out).__name__}"
+            returned = (
+                f"{len(out)} values" if isinstance(out, tuple | list)
+                else f"a {type(out).__name__}"
+            )
+            raise MalformedLikelihood(
+                f"{self!r}._log_prob_and_gradient", returned,
+                "expected three: (log_prob, grad_unary, grad_pairwise)",
             )
         S, n_seq, V = unary.shape[0], len(offsets) - 1, unary.shape[2]
         return (

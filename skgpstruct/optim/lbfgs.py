@@ -412,7 +412,13 @@ def _line_search(objective, z, f, g, p):
     slope = float(g @ p)
 
     def sufficient(alpha, f_new):
-        return np.isfinite(f_new) and f_new <= f + C1 * alpha * slope
+        # Armijo's condition, and a strict decrease: at a step so short that
+        # C1 * alpha * slope is below f's rounding, f_new == f passed it, and
+        # a step that gains nothing was taken as convergence (a gradient
+        # inconsistent with the objective then "converged" at once).
+        return (
+            np.isfinite(f_new) and f_new <= f + C1 * alpha * slope and f_new < f
+        )
 
     objective.new_search(z, p)
     with warnings.catch_warnings():
@@ -582,6 +588,27 @@ class Timer:
         return time.perf_counter() - self.start
 
 
+class _StartKept:
+    """``value_and_grad`` evaluated at ``x`` up front (``start``), and that
+    evaluation returned when the optimiser's first call asks for the same
+    point: a round's start is needed before its run and by it, and an
+    importance-weighted evaluation is the costliest step of the score
+    estimator's rounds."""
+
+    def __init__(self, value_and_grad, x):
+        self.value_and_grad = value_and_grad
+        self.x = np.array(x, dtype=np.float64)
+        self.start = value_and_grad(self.x)
+        self._first = True
+
+    def __call__(self, x):
+        if self._first:
+            self._first = False
+            if np.array_equal(x, self.x):
+                return self.start
+        return self.value_and_grad(x)
+
+
 def minimize_lbfgs_rounds(
     make_value_and_grad,
     x0,
@@ -633,8 +660,8 @@ def minimize_lbfgs_rounds(
 
     best_x, best_value = None, -np.inf
     while n_iter < max_iter:
-        value_and_grad = make_value_and_grad(round_index, x)
-        start_value = value_and_grad(x)[0]
+        value_and_grad = _StartKept(make_value_and_grad(round_index, x), x)
+        start_value = value_and_grad.start[0]
         if start_value > best_value or best_x is None:
             best_x, best_value = x.copy(), start_value
         result = minimize_lbfgs(
@@ -645,10 +672,16 @@ def minimize_lbfgs_rounds(
             tol=tol,
             callback=None if callback is None else shifted_callback,
         )
-        n_iter += max(result.n_iter, 1)
+        n_iter += result.n_iter
         history.extend(result.history)
         x, value, message = result.x, result.value, result.message
         round_index += 1
+        if result.n_iter == 0:
+            # No step from the round's start: converged there (a vanishing
+            # gradient), or no step improves the round's objective (a failed
+            # line search, not a convergence).
+            converged = result.converged
+            break
         if abs(value - start_value) <= tol * max(abs(value), abs(start_value), 1.0):
             converged = True
             break

@@ -29,7 +29,8 @@ their sum.
 
 Steps are scaled per coordinate by Adam's moment estimates (Kingma and Ba,
 2015) and by a step size per coordinate (one per parameter group), decayed
-as ``step / sqrt(epoch)`` with epochs counted from 1. The fit stops, as
+as ``step / sqrt(epoch)`` with epochs counted from 1 (those of a continued
+state included: a warm start resumes the schedule). The fit stops, as
 scikit-learn's SGD does, after ``n_iter_no_change`` epochs that do not beat
 the best epoch by ``tol``, judged on a held-out score when one is given
 (the best point on it is returned) or on an estimate of the training
@@ -125,7 +126,10 @@ class SAGAResult:
         The average of the epochs' end points (see ``AVERAGE_EPOCHS``), or,
         with a held-out score, the end point of its best epoch.
     n_epochs : int
+        Epochs of this call.
     n_steps : int
+        Steps of this call (Adam's step count, in ``state``, continues a
+        continued state's).
     converged : bool
     history : list of float
         Per epoch, the estimate of the objective at its end: the sum of the
@@ -199,13 +203,15 @@ def maximize_saga(
     x0 : ndarray of shape (n,)
     n_items : int
     step_size : float or ndarray of shape (n,)
-        Step size per coordinate at epoch 0.
+        Step size per coordinate in the first epoch, ``step_size /
+        sqrt(e)`` in the e-th; the epochs of a continued ``state`` count.
     max_epochs : int, default=50
         One epoch is ``n_items`` steps on items drawn uniformly at random
         (or, with ``shuffle``, on every item once).
     tol : float, default=1e-4
         Stop after ``n_iter_no_change`` consecutive epochs whose score (the
-        held-out one if given, else the mean training objective) does not
+        held-out one if given, else the estimate of the training objective
+        of ``history``) does not
         exceed the best epoch so far by ``tol * max(|best|, 1)`` (relative to
         the best score, absolute below 1).
     n_iter_no_change : int, default=3
@@ -215,8 +221,9 @@ def maximize_saga(
     callback : callable or None
         ``callback(epoch, value, seconds)`` after each epoch.
     state : dict or None
-        The stored gradients of a previous call (returned in
-        ``result.state``), to continue from them (a warm start). Not
+        The stored gradients, Adam's moments and the epochs run of a
+        previous call (returned in ``result.state``), to continue from them
+        (a warm start: its step sizes continue the schedule). Not
         modified: ``result.state`` is a new one (sharing the stored
         records, which are never changed in place), so a call that fails
         leaves it to be continued as if the call had not been made.
@@ -256,6 +263,7 @@ def maximize_saga(
             "m": np.zeros(n),
             "v": np.zeros(n),
             "t": 0,
+            "epochs": 0,
         }
     else:
         # O(n) copies, once per call (the records themselves are shared).
@@ -264,6 +272,7 @@ def maximize_saga(
             for name, value in state.items()
         }
     stored, total = state["stored"], state["total"]
+    state.setdefault("epochs", 0)  # (a state kept before it was recorded)
     # The last value of every item, and whether it has been drawn yet.
     item_values = state.setdefault("values", np.zeros(n_items))
     drawn = state.setdefault("drawn", np.zeros(n_items, dtype=bool))
@@ -284,7 +293,9 @@ def maximize_saga(
             for record in stored:
                 if record is not None:
                     _add_scaled(total, expand(record, x))
-        rate = np.ascontiguousarray(step_size / np.sqrt(epoch))
+        # The schedule continues a continued state's: a warm start resumes
+        # the run, not its first epoch's step size.
+        rate = np.ascontiguousarray(step_size / np.sqrt(state["epochs"] + 1))
         if shuffle:
             draws = rng.permutation(n_items)
         else:
@@ -323,6 +334,7 @@ def maximize_saga(
                 state["t"], low, high,
             )
             taken += 1
+        state["epochs"] += 1
         history.append(float(n_items * item_values[drawn].mean() + exact_value))
         if validation is None:
             average += (x - average) / min(epoch, AVERAGE_EPOCHS)
@@ -351,7 +363,7 @@ def maximize_saga(
     result = SAGAResult(
         x=best_x,
         n_epochs=epoch,
-        n_steps=state["t"],
+        n_steps=taken,
         converged=converged,
         history=history,
         validation_history=validation_history,
