@@ -385,21 +385,22 @@ def crf_marginals(crf, items):
     """crfsuite's per-token marginals of prebuilt ``items`` as arrays.
 
     One forward-backward per sequence (``Tagger.set``), then the marginals
-    read straight into an array, columns in sorted label order: one
-    ``Tagger.marginal`` call per token and label, the least crfsuite's
-    Python binding allows, and no per-token dicts (``CRF.predict_marginals``
-    builds those). Returns ``(marginals, classes)``.
+    read into an array a token's row at a time, columns in sorted label
+    order: one ``Tagger.marginal`` call per token and label, the least
+    crfsuite's Python binding allows, and no per-token dicts
+    (``CRF.predict_marginals`` builds those) nor a Python float per entry
+    held at once (a long sequence's would take far more memory than its
+    array). Returns ``(marginals, classes)``.
     """
     tagger = crf.tagger_
     classes = sorted(crf.classes_)
     marginals = []
     for item in items:
         tagger.set(item)
-        n = len(item)
-        marginals.append(
-            np.array([[tagger.marginal(c, t) for c in classes] for t in range(n)])
-            .reshape(n, len(classes))
-        )
+        array = np.empty((len(item), len(classes)))
+        for t in range(len(item)):
+            array[t] = [tagger.marginal(c, t) for c in classes]
+        marginals.append(array)
     return marginals, classes
 
 

@@ -144,6 +144,35 @@ def test_fit_transform_matches_hand_expansion():
         assert (a != b).nnz == 0
 
 
+def test_matrices_are_the_canonical_indicators_of_the_expanded_strings():
+    # Against the expansion read token by token: each token's columns are
+    # the vocabulary entries of its strings (a string rendered by two lines
+    # once), sorted, no duplicates, values one; strings unseen in fit are
+    # left out. Lines with one, two and three macros, braces, a constant.
+    rng = np.random.default_rng(0)
+    words = np.array(["a", "b", "{c}", "d%", "e"], dtype=object)
+
+    def sequences(n):
+        return [[[str(w) for w in rng.choice(words, 3)]
+                 for _ in range(rng.integers(0, 7))] for _ in range(n)]
+
+    template = ("U00:%x[0,0]\nU01:%x[-1,1]/{%x[0,1]}\nU02:%x[1,0]/%x[0,1]/%x[2,2]\n"
+                "U00:%x[0,0]\nU03:const\nU04:%x[0,0]}\nB")
+    train, test = sequences(30), sequences(20)
+    vec = CRFppTemplateVectorizer(template, min_count=2)
+    for X, Xt in ((train, vec.fit_transform(train)), (test, vec.transform(test))):
+        assert len(Xt) == len(X)
+        for seq, matrix in zip(X, Xt, strict=True):
+            assert matrix.shape == (len(seq), len(vec.vocabulary_))
+            assert matrix.has_canonical_format and np.all(matrix.data == 1.0)
+            expanded = expand_crfpp_template(template, seq) if seq else []
+            for t, strings in enumerate(expanded):
+                row = matrix.indices[matrix.indptr[t] : matrix.indptr[t + 1]]
+                expected = sorted({vec.vocabulary_[f] for f in strings
+                                   if f in vec.vocabulary_})
+                assert row.tolist() == expected
+
+
 def test_unknown_features_are_ignored_and_empty_sequences_allowed():
     vec = CRFppTemplateVectorizer("U00:%x[0,0]\nB").fit([[["a"], ["b"]]])
     assert vec.uses_transitions_ is True
