@@ -85,6 +85,11 @@ __all__ = ["GPStructClassifier"]
 # A chunk closes once it holds this many tokens. Fixed (never derived from
 # n_jobs) so that results are bit-identical for every n_jobs and backend.
 CHUNK_TOKENS = 2000
+
+#: Private attributes that only cache what a fitted model's own attributes
+#: give again: never pickled, dropped when a fit starts, not part of the
+#: state a failed fit restores.
+_CACHES = ("_centred_columns_of", "_sampling_posterior_of", "_mean_weights_of")
 #: Most bytes of random numbers ``predict_marginals`` draws at once: a chunk
 #: whose stacked samples need more is sampled in halves.
 PREDICT_NOISE_BYTES = 32 * 2**20
@@ -1021,6 +1026,9 @@ class GPStructClassifier(BaseEstimator):
         since (off every benchmark's data) 1e-5 was the lowest of the three
         on basenp and within a token of 1e-4 on chunking
         (:doc:`/benchmark_history`, "Dev splits off the benchmark data").
+        A ``tol`` at the ELBO's rounding (about 1e-15 and below) is out of
+        L-BFGS's reach: such a fit ends when no step lowers the objective
+        any more, with a ConvergenceWarning that its line search failed.
     decode : {"viterbi", "marginal"}, default="viterbi"
         ``predict`` runs Viterbi on the posterior mean potentials, or takes
         the per-token argmax of :meth:`predict_marginals`. Both decode with
@@ -1166,9 +1174,9 @@ GroupedLinearKernel`: automatic relevance determination per group).
         it fitted; on other data, from every feature's fitted marginal. A
         stochastic fit also continues SAGA's stored gradients when its
         mini-batches are the previous fit's (same data and
-        ``random_state``), with Adam's moments and the step size schedule
-        (the epochs run so far count in ``learning_rate / sqrt(epoch)``),
-        and starts them
+        ``random_state``), with Adam's moments (the step size schedule
+        starts again, from the averaged posterior the previous fit
+        returned), and starts them
         afresh otherwise; they are kept after a stochastic fit only with
         ``warm_start=True`` (they can take more memory than the posterior).
         Not available with ``inference="ess"``, nor after an ESS fit (there
@@ -1387,7 +1395,7 @@ GroupedLinearKernel`: automatic relevance determination per group).
         burn_in, burn_in_text = self.ess_burn_in, ""
         if burn_in is None:
             burn_in, burn_in_text = self.ess_n_iter // 2, " (None: ess_n_iter // 2)"
-        if burn_in + self.ess_thin > self.ess_n_iter:
+        if self.inference == "ess" and burn_in + self.ess_thin > self.ess_n_iter:
             # The sampler's own rule, named by the estimator's parameters.
             raise ValueError(
                 f"no sample would be kept: ess_burn_in{burn_in_text} + ess_thin "
@@ -1582,7 +1590,7 @@ GroupedLinearKernel`: automatic relevance determination per group).
         of its stored state).
         """
         # (without the centring cache, which the fit drops to free it)
-        before = {k: v for k, v in self.__dict__.items() if k != "_centred_columns_of"}
+        before = {k: v for k, v in self.__dict__.items() if k not in _CACHES}
         try:
             return self._fit_or_fail(X, y, classes, partial)
         except BaseException:
@@ -1611,8 +1619,9 @@ GroupedLinearKernel`: automatic relevance determination per group).
                 )
             # Later pieces may show only some of the labels.
             classes = self.classes_
-        # (found again from the fit's own mean; the old one's can be 8 MB)
-        self.__dict__.pop("_centred_columns_of", None)
+        # (found again from the fit's own results; the old ones' can be large)
+        for name in _CACHES:
+            self.__dict__.pop(name, None)
         optimizer = "stochastic" if partial else self.optimizer
         max_iter = 1 if partial else self.max_iter
         sequences, is_sparse = check_sequence_features(X)
@@ -2368,7 +2377,8 @@ GroupedLinearKernel`: automatic relevance determination per group).
         # The training mean by its nonzero entries, and without the cache
         # of _centred_columns (set again from them on loading).
         state = dict(super().__getstate__())
-        state.pop("_centred_columns_of", None)
+        for name in _CACHES:
+            state.pop(name, None)
         mean = state.get("feature_mean_")
         # (an index and a value per nonzero entry: smaller below half full)
         if (
@@ -2581,18 +2591,29 @@ GroupedLinearKernel`: automatic relevance determination per group).
 
     def _sampling_posterior(self, params):
         """``(params, state, posterior)``: the posterior ``predict_marginals``
-        samples with, computed once per call for every chunk's
-        :meth:`_sampling_design`.
+        samples with, for every chunk's :meth:`_sampling_design`.
 
         The model's own (``posterior`` None), unless the fit collapsed the
         lone features: then the collapsed posterior itself
         (:meth:`CollapsedFeatures.sampling_posterior`: the per-feature
         marginals ``q_mu_``, ``q_sqrt_`` drop the lone weights'
-        correlation), on the design's feature scales ``state``.
+        correlation), on the design's feature scales ``state``. That one is
+        computed once per fitted posterior and kept (not pickled): it costs
+        in proportion to the parameters, milliseconds on the CRF++ sets,
+        which made a call on one sentence 45 times crfsuite's.
         """
         collapsed = getattr(self, "_collapsed", None)
         if collapsed is None:
             return params, self._inducing_state, None
+        # Kept with the objects it was computed from (held here, so that a
+        # refit's new ones are never mistaken for them).
+        key = (params.q_mu, params.q_sqrt, collapsed, self.kernel_,
+               self._inducing_state)
+        cached = self.__dict__.get("_sampling_posterior_of")
+        if cached is not None and all(
+            a is b for a, b in zip(cached[0], key, strict=True)
+        ):
+            return cached[1]
         features, q_mu_c, q_sqrt_c = collapsed
         posterior = features.sampling_posterior(
             self._inducing_state, self.kernel_, (params.q_mu, params.q_sqrt),
@@ -2601,7 +2622,9 @@ GroupedLinearKernel`: automatic relevance determination per group).
         params = dataclasses.replace(
             params, q_mu=posterior.q_mu, q_sqrt=posterior.q_sqrt
         )
-        return params, posterior.scales, posterior
+        sampling = (params, posterior.scales, posterior)
+        self._sampling_posterior_of = (key, sampling)
+        return sampling
 
     def _sampling_design(self, sampling, X_c):
         """``(params, X, inducing, state, prior)`` that ``predict_marginals``
@@ -2692,11 +2715,27 @@ GroupedLinearKernel`: automatic relevance determination per group).
         """Posterior mean of the unary potentials, (n_tokens, n_classes)."""
         if hasattr(self, "ess_"):
             return self.ess_.mean_unary(X_c)
-        mean_mu = np.einsum("k,kvm->vm", self.weights_, self.q_mu_)
         # (columns without a variable have weights of prior mean 0)
+        X_s = self.inducing_.select(X_c, keep_lookup=True)
+        if type(self.inducing_) is InducingFeatures:
+            # The weights of the mean, kept per fitted posterior (not
+            # pickled): computing them costs in proportion to the
+            # parameters, most of a call on a few sentences.
+            key = (self.weights_, self.q_mu_, self._inducing_state)
+            cached = self.__dict__.get("_mean_weights_of")
+            if cached is None or not all(
+                a is b for a, b in zip(cached[0], key, strict=True)
+            ):
+                mean_mu = np.einsum("k,kvm->vm", self.weights_, self.q_mu_)
+                cached = (key, InducingFeatures.mean_weights(
+                    self._inducing_state, mean_mu
+                ))
+                self._mean_weights_of = cached
+            weights, bias = cached[1]
+            return np.asarray(X_s @ weights) + bias
+        mean_mu = np.einsum("k,kvm->vm", self.weights_, self.q_mu_)
         return self.inducing_.mean_potentials(
-            self.kernel_, self._inducing_state,
-            self.inducing_.select(X_c, keep_lookup=True), mean_mu,
+            self.kernel_, self._inducing_state, X_s, mean_mu,
         )
 
     def predict(self, X):

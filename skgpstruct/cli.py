@@ -521,31 +521,46 @@ def _write_text(text, path, encoding):
 def _save_model(model, path):
     """Write ``model`` to ``path`` whole or not at all.
 
-    Written to a temporary file beside ``path``, then renamed over it: a
-    write that fails (a full disk, a quota, an interrupt) leaves an earlier
-    model file at ``path`` as it was, and no partial file.
+    Written to a temporary file beside the file ``path`` names (a symbolic
+    link's target: the link is kept), then renamed over it: a write that
+    fails (a full disk, a quota, an interrupt) leaves an earlier model file
+    as it was, and no partial file. The new file has the permissions of the
+    one it replaces (a hard link to that one keeps the old model). Written
+    in place, as before, where no file can be made beside it (a writable
+    file in a directory that is not) and where ``path`` is not a regular
+    file (``/dev/null``, a FIFO).
     """
     import joblib
 
-    directory = os.path.dirname(os.path.abspath(path))
+    target = os.path.realpath(path)
     temporary = None
     try:
-        fd, temporary = tempfile.mkstemp(
-            prefix=".skgpstruct-", suffix=".tmp", dir=directory
-        )
+        if os.path.exists(target) and not os.path.isfile(target):
+            joblib.dump(model, path)
+            return
+        try:
+            # (the name's extension kept: joblib compresses by it, .gz, .xz)
+            fd, temporary = tempfile.mkstemp(
+                prefix=".skgpstruct-", dir=os.path.dirname(target),
+                suffix=".tmp" + os.path.splitext(target)[1],
+            )
+        except PermissionError:
+            if not (os.path.isfile(target) and os.access(target, os.W_OK)):
+                raise
+            joblib.dump(model, path)
+            return
         os.close(fd)
-        # Uncompressed, so that _written_version can read the header.
         joblib.dump(model, temporary)
-        # The permissions an overwritten file had, or a new file's (mkstemp
+        # The permissions of the file it replaces, or a new file's (mkstemp
         # makes it private).
         try:
-            mode = os.stat(path).st_mode & 0o777
+            mode = os.stat(target).st_mode & 0o777
         except OSError:
             umask = os.umask(0)
             os.umask(umask)
             mode = 0o666 & ~umask
         os.chmod(temporary, mode)
-        os.replace(temporary, path)
+        os.replace(temporary, target)
         temporary = None
     except OSError as exc:
         raise CommandError(

@@ -69,6 +69,16 @@ class _TemplateLine:
     def describe(self):
         return f"template line {self.line_number} ({self.text!r})"
 
+    def __setstate__(self, state):
+        # Pickled before ed49d5e, a line held a str.format string ("fmt")
+        # instead of its literals: they are read from its text again.
+        _, slots = state
+        if "fmt" in slots:
+            slots = {name: value for name, value in slots.items() if name != "fmt"}
+            slots["literals"] = tuple(_MACRO.split(slots["text"])[0::3])
+        for name, value in slots.items():
+            setattr(self, name, value)
+
 
 def _read_template_file(path):
     """The text of a template file (UTF-8), with errors that name it."""

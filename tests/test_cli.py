@@ -801,6 +801,62 @@ def test_a_failed_model_write_leaves_the_earlier_model_file(tmp_path, monkeypatc
     assert (tmp_path / "new.skgp").stat().st_mode & 0o777 == 0o644
 
 
+def test_a_model_file_path_that_is_not_a_plain_file(tmp_path):
+    # The atomic save replaced what the path named: /dev/null became a
+    # regular file (the tests run as root), a symbolic link a file of its
+    # own (its target keeping the old model). Now a link's target is
+    # replaced and the link kept, a FIFO or device written to as it is.
+    target = tmp_path / "models" / "model.skgp"
+    target.parent.mkdir()
+    cli._save_model({"model": 1}, str(target))
+    link = tmp_path / "link.skgp"
+    link.symlink_to(target)
+    cli._save_model({"model": 2}, str(link))
+    assert link.is_symlink() and joblib.load(target) == {"model": 2}
+    dangling = tmp_path / "dangling.skgp"
+    dangling.symlink_to(tmp_path / "models" / "new.skgp")
+    cli._save_model({"model": 3}, str(dangling))
+    assert dangling.is_symlink() and joblib.load(dangling) == {"model": 3}
+    # a FIFO: written to as it is, by a reader at the other end
+    import threading
+
+    fifo = tmp_path / "pipe"
+    os.mkfifo(fifo)
+    received = []
+    reader = threading.Thread(target=lambda: received.append(fifo.read_bytes()))
+    reader.start()
+    cli._save_model({"model": 4}, str(fifo))
+    reader.join(timeout=30)
+    assert received and received[0].startswith(b"\x80")  # a pickle
+    assert fifo.is_fifo()
+    # the name's extension still picks joblib's compression
+    cli._save_model({"model": 5}, str(tmp_path / "packed.gz"))
+    assert (tmp_path / "packed.gz").read_bytes()[:2] == b"\x1f\x8b"
+    assert cli._written_version(str(tmp_path / "packed.gz")) is None  # no version
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "dangling.skgp", "link.skgp", "models", "packed.gz", "pipe",
+    ]
+    assert sorted(p.name for p in target.parent.iterdir()) == ["model.skgp", "new.skgp"]
+
+
+def test_a_model_file_in_a_directory_that_takes_no_new_file(tmp_path, monkeypatch):
+    # Written in place, as before, where no temporary file can be made
+    # beside a writable model file (a directory without write permission;
+    # simulated: the tests may run as root, who writes anywhere); refused
+    # with the reason where the model file is new.
+    path = tmp_path / "model.skgp"
+    cli._save_model({"model": 1}, str(path))
+
+    def no_new_file(*args, **kwargs):
+        raise PermissionError(13, "Permission denied")
+
+    monkeypatch.setattr(cli.tempfile, "mkstemp", no_new_file)
+    cli._save_model({"model": 2}, str(path))
+    assert joblib.load(path) == {"model": 2}
+    with pytest.raises(cli.CommandError, match="cannot write model file .*Permission"):
+        cli._save_model({"model": 3}, str(tmp_path / "new.skgp"))
+
+
 @pytest.mark.parametrize("compress", [0, 3, "gzip", "bz2", "xz", "lzma"])
 def test_a_recompressed_model_file_is_recognised(tmp_path, compress):
     # predict loads a model file the user recompressed with joblib; train's

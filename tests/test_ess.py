@@ -712,6 +712,11 @@ def test_estimator_ess_refuses_a_chain_keeping_nothing_before_any_work(params, n
 
     with pytest.raises(ValueError, match="no sample would be kept: " + numbers):
         GPStructClassifier(inference="ess", **params).fit([np.zeros((2, 2))], [[0]])
+    # Only where the sampler runs: a variational fit ignores the ess_* ones.
+    X, y = make_sequences(5, random_state=0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ConvergenceWarning)
+        GPStructClassifier(max_iter=2, **params).fit(X, y)
 
 
 @pytest.mark.parametrize("verbose", [True, np.True_])

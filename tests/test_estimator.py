@@ -2030,6 +2030,47 @@ def test_centred_columns_are_found_once_per_fit_and_pickled_compactly():
     assert "_centred_columns_of" not in vars(model)
 
 
+def test_prediction_keeps_what_depends_on_the_posterior_alone(lone_data,
+                                                             monkeypatch):
+    # The collapsed posterior predict_marginals samples and the weights of
+    # predict's mean cost in proportion to the parameters: computed once
+    # per fitted posterior (a call on one sentence took 45 times crfsuite's),
+    # not pickled, and never a previous fit's.
+    from skgpstruct.inference import inducing as inducing_module
+
+    X, y, X_test, _ = lone_data
+    model = GPStructClassifier(**FAST).fit(X, y)
+    assert getattr(model, "_collapsed", None) is not None
+    counts = {"sampling_posterior": 0, "mean_weights": 0}
+    for cls, name in ((inducing_module.CollapsedFeatures, "sampling_posterior"),
+                      (inducing_module.InducingFeatures, "mean_weights")):
+        real = getattr(cls, name)
+
+        def counted(*args, _real=real, _name=name, **kwargs):
+            counts[_name] += 1
+            return _real(*args, **kwargs)
+
+        monkeypatch.setattr(cls, name, staticmethod(counted)
+                            if name == "mean_weights" else counted)
+    first = [model.predict_marginals(X_test), model.predict(X_test)]
+    again = [model.predict_marginals(X_test[:3]), model.predict(X_test[:3])]
+    assert counts == {"sampling_posterior": 1, "mean_weights": 1}
+    for a, b in zip(again[0], first[0][:3], strict=False):
+        np.testing.assert_array_equal(a, b)
+    loaded = pickle.loads(pickle.dumps(model))
+    assert "_sampling_posterior_of" in vars(model) and "_mean_weights_of" in vars(model)
+    assert not {"_sampling_posterior_of", "_mean_weights_of"} & set(vars(loaded))
+    np.testing.assert_array_equal(np.concatenate(loaded.predict_marginals(X_test)),
+                                  np.concatenate(first[0]))
+    # A refit on other data predicts as a fresh model of that data.
+    model.fit(X[:20], y[:20])
+    fresh = GPStructClassifier(**FAST).fit(X[:20], y[:20])
+    np.testing.assert_array_equal(np.concatenate(model.predict_marginals(X_test)),
+                                  np.concatenate(fresh.predict_marginals(X_test)))
+    np.testing.assert_array_equal(np.concatenate(model.predict(X_test)),
+                                  np.concatenate(fresh.predict(X_test)))
+
+
 def test_models_pickled_before_inducing_columns_predict():
     # Inducing features pickled before they had columns cover every column.
     X, y, X_test, _ = split(sparse=True)
@@ -2923,8 +2964,9 @@ def test_blocks_of_samples_keep_the_unary_and_transition_pairs_together(
 
 def test_collapsed_sampling_design_without_its_lookup_table(lone_data, monkeypatch):
     # predict_marginals picks the lone columns of a chunk through a lookup
-    # table built once per call, unless it would exceed COLUMN_LOOKUP_BYTES:
-    # then through a binary search, with the same marginals.
+    # table built once per fitted posterior, unless it would exceed
+    # COLUMN_LOOKUP_BYTES: then through a binary search, with the same
+    # marginals.
     from skgpstruct.inference import inducing as inducing_module
 
     X, y, X_test, _ = lone_data
@@ -2934,6 +2976,7 @@ def test_collapsed_sampling_design_without_its_lookup_table(lone_data, monkeypat
     assert posterior.lone_positions is not None
     expected = model.predict_marginals(X_test)
     monkeypatch.setattr(inducing_module, "COLUMN_LOOKUP_BYTES", 0)
+    model.__dict__.pop("_sampling_posterior_of")  # (kept per fitted posterior)
     posterior = model._sampling_posterior(model._params())[2]
     assert posterior.lone_positions is None
     for a, b in zip(model.predict_marginals(X_test), expected, strict=True):

@@ -698,3 +698,28 @@ def test_sequence_dict_vectorizer_splits_any_sparse_output():
     for a, b in zip(out, reference, strict=True):
         assert a.format == "csr"
         np.testing.assert_array_equal(a.toarray(), b.toarray())
+
+
+def test_vectorizers_pickled_before_the_template_literals_load():
+    # Until ed49d5e a template line held a str.format string ("fmt"), not
+    # its literal text: vectorizers (and CLI model files) pickled then did
+    # not load, and the CLI called the file damaged.
+    import pickle
+
+    X = [[["a", "x"], ["b", "y"]], [["{c}", "z"]]]
+    vec = CRFppTemplateVectorizer("U00:%x[0,0]\nU01:%x[-1,0]/{%x[0,1]}\nU02:x\nB")
+    expected = vec.fit_transform(X)
+    old_lines = []
+    for line in vec._unigrams + vec._bigrams:
+        _, slots = line.__getstate__()
+        slots = {name: value for name, value in slots.items() if name != "literals"}
+        slots["fmt"] = "(a str.format string, not read)"
+        old = object.__new__(type(line))
+        old.__setstate__((None, slots))
+        assert old.literals == line.literals and old.macros == line.macros
+        old_lines.append(old)
+    n = len(vec._unigrams)
+    vec._unigrams, vec._bigrams = old_lines[:n], old_lines[n:]
+    loaded = pickle.loads(pickle.dumps(vec))
+    for a, b in zip(loaded.transform(X), expected, strict=True):
+        assert (a != b).nnz == 0

@@ -836,8 +836,8 @@ def test_subclass_gradient_output_is_checked(index, bad, message):
     out[index] = bad
     with pytest.raises(ValueError, match=message):
         _Returns(out=tuple(out)).log_prob_and_gradient(*_batch())
-    with pytest.raises(MalformedLikelihood, match=r"returned a ndarray; expected "
-                       r"three: .log_prob, grad_unary"):
+    with pytest.raises(MalformedLikelihood, match=r"returned an object of type "
+                       r"ndarray; expected three: .log_prob, grad_unary"):
         _Returns(out=np.zeros(3)).log_prob_and_gradient(*_batch())
 
 
@@ -901,7 +901,7 @@ def test_a_likelihood_with_a_gradient_of_the_wrong_sign_does_not_converge():
 
 @pytest.mark.parametrize("returned, what", [
     (lambda out: out[:2], "2 values"),
-    (lambda out: out[0], "a ndarray"),
+    (lambda out: out[0], "an object of type ndarray"),
 ])
 def test_a_gradient_of_the_wrong_arity_is_a_malformed_likelihood(returned, what):
     # As every other malformed output: the package's error type, naming

@@ -514,6 +514,27 @@ def test_each_round_evaluates_its_start_once_and_counts_iterations_only():
                                    tol=1e-12)
     assert result.converged
     assert len(calls) == len(set(calls)), "a point evaluated twice in one round"
+    # Where a bound is near, the run's first point taken to the unbounded
+    # coordinates and back is not x0 in the last bit: the start must still
+    # be evaluated once (an exact comparison with it missed every round).
+    starts, points = [], []
+
+    def make_recording(round_index, x_start):
+        starts.append(x_start.copy())
+
+        def recorded(x):
+            points.append((round_index, x.copy()))
+            return value_and_grad(x)
+        return recorded
+
+    bounded = minimize_lbfgs_rounds(
+        make_recording, np.array([0.51, 0.55, 0.7, 1.5, 1.9]),
+        bounds=[(0.5, 2.0)] * 5, round_size=1, max_iter=100, tol=1e-12,
+    )
+    assert bounded.n_iter > 1
+    for r, start in enumerate(starts[:-1]):  # (the last: the end's estimate)
+        near = [np.abs(x - start).max() < 1e-12 for k, x in points if k == r]
+        assert near[0] and not any(near[1:]), f"round {r}'s start evaluated twice"
     n_rounds = max(r for r, _ in calls)  # the last key: the end's estimate
     assert result.n_iter == len(result.history) <= n_rounds
 

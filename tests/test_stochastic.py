@@ -58,18 +58,22 @@ def test_saga_solves_a_least_squares_sum_to_the_exact_optimum():
     assert result.stored_bytes == 6 * 3 * 8
 
 
-def test_a_continued_saga_state_resumes_the_step_size_schedule(monkeypatch):
-    # A call continuing a state steps with step_size / sqrt(e) for the e-th
-    # epoch counting the continued state's (a warm start restarted at
-    # step_size while Adam's step count went on); a fresh state starts at
-    # step_size again. n_steps counts the call's own steps.
+def test_a_continued_saga_state_restarts_the_schedule_and_counts_its_steps(
+    monkeypatch,
+):
+    # Every call steps with step_size / sqrt(e) for its own e-th epoch, a
+    # call continuing a state too (it starts from the previous call's
+    # averaged point: resuming the decayed steps there ended lower, review
+    # h29c), while Adam's step count goes on; n_steps counts the call's own
+    # steps (a warm fit's warning reported the running total).
     import skgpstruct.optim.saga as saga_module
 
-    rates, adam = [], saga_module.adam_ascent_step
+    rates, ts, adam = [], [], saga_module.adam_ascent_step
 
-    def recording(x, m, v, d, rate, *args):
+    def recording(x, m, v, d, rate, beta1, beta2, eps, t, *args):
         rates.append(float(rate[0]))
-        return adam(x, m, v, d, rate, *args)
+        ts.append(t)
+        return adam(x, m, v, d, rate, beta1, beta2, eps, t, *args)
 
     monkeypatch.setattr(saga_module, "adam_ascent_step", recording)
     rng = np.random.default_rng(5)
@@ -88,12 +92,11 @@ def test_a_continued_saga_state_resumes_the_step_size_schedule(monkeypatch):
 
     first = run()
     second = run(state=first.state)
-    fresh = run()
-    per_epoch = [0.3 / np.sqrt(e) for e in (1, 2, 3, 4, 1, 2)]
-    np.testing.assert_allclose(rates, np.repeat(per_epoch, 5), rtol=1e-15)
-    assert (first.n_steps, second.n_steps, fresh.n_steps) == (10, 10, 10)
-    assert (second.state["t"], second.state["epochs"]) == (20, 4)
-    assert first.state["epochs"] == 2  # the continued state is not changed
+    np.testing.assert_allclose(rates, np.repeat([0.3, 0.3 / np.sqrt(2)] * 2, 5),
+                               rtol=1e-15)
+    assert ts == list(range(1, 21))
+    assert (first.n_steps, second.n_steps) == (10, 10)
+    assert (first.state["t"], second.state["t"]) == (10, 20)
 
 
 def _sparse_least_squares(n_items=6, n=10, seed=0):
@@ -893,11 +896,11 @@ def test_partial_fit_keeps_the_type_of_its_first_classes():
 
 def _state_bytes(model):
     # Every attribute, by value (a failed fit that changed an array in place
-    # would show here), but the centring cache, found again when needed.
+    # would show here), but the prediction caches, found again when needed.
     import pickle
 
     return pickle.dumps(
-        {k: v for k, v in vars(model).items() if k != "_centred_columns_of"}
+        {k: v for k, v in vars(model).items() if k not in estimator_module._CACHES}
     )
 
 

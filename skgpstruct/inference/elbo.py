@@ -423,7 +423,8 @@ class SparseELBO:
         """
         token = getattr(self, "_token", None)
         if token is not None:
-            _CHUNK_CACHE.pop(token, None)
+            with _CHUNK_CACHE_LOCK:  # (another fit's threads may be caching)
+                _CHUNK_CACHE.pop(token, None)
         self._dispatched = False
 
     def _shared_state(self, vector, iteration_key=0, reference=None):

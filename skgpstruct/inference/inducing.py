@@ -714,8 +714,19 @@ class InducingFeatures:
         shape (n_tokens, V) for ``mean`` (V, n_features + 1): one sparse
         product, ``X (c m)^T`` plus the bias's share (no per-sequence
         projection is needed: each token's mean is its own)."""
-        weights = (mean[:, :-1] * scales[:-1]).T
-        return np.asarray(X @ weights) + scales[-1] * mean[:, -1]
+        weights, bias = InducingFeatures.mean_weights(scales, mean)
+        return np.asarray(X @ weights) + bias
+
+    @staticmethod
+    def mean_weights(scales, mean):
+        """``(weights, bias)`` of :meth:`mean_potentials`, which is
+        ``X @ weights + bias``: the feature weights (n_features, V),
+        C-ordered, and the bias's share (V,). They depend on the posterior
+        alone, so a fitted model can keep them."""
+        return (
+            np.ascontiguousarray((mean[:, :-1] * scales[:-1]).T),
+            scales[-1] * mean[:, -1],
+        )
 
     def backward(self, kernel, scales, X, projection, d_B, d_residual):
         """Gradient w.r.t. the feature scales (returned as the state gradient)."""

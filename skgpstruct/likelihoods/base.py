@@ -297,7 +297,7 @@ class Likelihood(ABC):
         if not isinstance(out, tuple | list) or len(out) != 3:
             returned = (
                 f"{len(out)} values" if isinstance(out, tuple | list)
-                else f"a {type(out).__name__}"
+                else f"an object of type {type(out).__name__}"
             )
             raise MalformedLikelihood(
                 f"{self!r}._log_prob_and_gradient", returned,

@@ -338,9 +338,13 @@ class _Objective:
         self.best_z, self.best_f = None, np.inf
         self.new_search(None, None)
 
-    def raw(self, z):
-        """``(f, g)`` at ``z`` without the non-finite handling, uncached."""
-        value, grad = self.value_and_grad(self.box.to_box(z))
+    def raw(self, z, evaluated=None):
+        """``(f, g)`` at ``z`` without the non-finite handling, uncached;
+        from ``evaluated``, the objective's ``(value, gradient)`` there,
+        when the caller has it."""
+        if evaluated is None:
+            evaluated = self.value_and_grad(self.box.to_box(z))
+        value, grad = evaluated
         g = self.box.chain(z, grad)  # a new array
         return -float(value), np.negative(g, out=g)
 
@@ -469,7 +473,8 @@ def _steepest_descent(g):
 
 
 def minimize_lbfgs(
-    value_and_grad, x0, *, bounds=None, max_iter=200, tol=1e-6, callback=None
+    value_and_grad, x0, *, bounds=None, max_iter=200, tol=1e-6, callback=None,
+    start=None,
 ):
     """Maximise ``value_and_grad`` with L-BFGS (compact form, Wolfe steps).
 
@@ -497,6 +502,11 @@ def minimize_lbfgs(
     callback : callable or None
         ``callback(iteration, value, x)`` after each iteration (``iteration``
         counts from 1, ``x`` is in the box).
+    start : (value, gradient) or None
+        ``value_and_grad(x0)``, when the caller has evaluated it: then not
+        evaluated again (the run's first point is ``x0`` itself, where it
+        would otherwise be ``x0`` taken to the unbounded coordinates and
+        back, which can differ in the last bit).
 
     Returns
     -------
@@ -517,7 +527,7 @@ def minimize_lbfgs(
     box = SmoothBox(*bound_arrays(bounds, x0.size))
     objective = _Objective(value_and_grad, box)
     z = box.from_box(x0)
-    f, g = objective.raw(z)
+    f, g = objective.raw(z, start)
     if not np.isfinite(f):
         raise NonFiniteStart(f"the objective is not finite at x0: {-f}")
     n_bad = int(np.count_nonzero(~np.isfinite(g)))
@@ -588,27 +598,6 @@ class Timer:
         return time.perf_counter() - self.start
 
 
-class _StartKept:
-    """``value_and_grad`` evaluated at ``x`` up front (``start``), and that
-    evaluation returned when the optimiser's first call asks for the same
-    point: a round's start is needed before its run and by it, and an
-    importance-weighted evaluation is the costliest step of the score
-    estimator's rounds."""
-
-    def __init__(self, value_and_grad, x):
-        self.value_and_grad = value_and_grad
-        self.x = np.array(x, dtype=np.float64)
-        self.start = value_and_grad(self.x)
-        self._first = True
-
-    def __call__(self, x):
-        if self._first:
-            self._first = False
-            if np.array_equal(x, self.x):
-                return self.start
-        return self.value_and_grad(x)
-
-
 def minimize_lbfgs_rounds(
     make_value_and_grad,
     x0,
@@ -660,8 +649,12 @@ def minimize_lbfgs_rounds(
 
     best_x, best_value = None, -np.inf
     while n_iter < max_iter:
-        value_and_grad = _StartKept(make_value_and_grad(round_index, x), x)
-        start_value = value_and_grad.start[0]
+        value_and_grad = make_value_and_grad(round_index, x)
+        # Evaluated once, for the round's fresh estimate and as the run's
+        # first point (an importance-weighted evaluation is the costliest
+        # step of the score estimator's rounds).
+        start = value_and_grad(x)
+        start_value = start[0]
         if start_value > best_value or best_x is None:
             best_x, best_value = x.copy(), start_value
         result = minimize_lbfgs(
@@ -671,6 +664,7 @@ def minimize_lbfgs_rounds(
             max_iter=min(round_size, max_iter - n_iter),
             tol=tol,
             callback=None if callback is None else shifted_callback,
+            start=start,
         )
         n_iter += result.n_iter
         history.extend(result.history)
