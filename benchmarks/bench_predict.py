@@ -12,7 +12,10 @@ chunks of ``predict_marginals`` in threads; ``predict`` does not use
 built beforehand: the GP from its CSR template features, the CRF from
 crfsuite's item sequences (``CRF.predict`` would build them from the
 feature dicts on every call); the CRF's marginals are read from its tagger
-straight into arrays. Printed per data set: test tokens,
+straight into arrays. Then the same calls one sentence at a time, as a
+tagging service makes them: each of the first 100 test sequences its own
+call (microseconds per sentence, and the GP's over the CRF's). Printed per
+data set: test tokens,
 milliseconds per call (best of the rounds), the GP's times over the CRF's
 and n_jobs=1 over n_jobs=2 (medians of the rounds' ratios), and whether
 the marginals at both n_jobs are bit-identical.
@@ -53,6 +56,15 @@ from _common import (
 
 from skgpstruct import GPStructClassifier
 from skgpstruct.io import read_conll
+
+#: Sentences predicted one per call, for the one-sentence columns.
+ONE_AT_A_TIME = 100
+
+ONE_COLUMNS = [
+    "sentences", "mean tokens", "GP predict us", "CRF predict us",
+    "GP / CRF predict, one", "GP predict_marginals us",
+    "CRF predict_marginals us", "GP / CRF marginals, one",
+]
 
 COLUMNS = [
     "data set", "test tokens", "GP predict ms", "CRF predict ms",
@@ -101,12 +113,20 @@ def measure(name, data, rounds, min_time):
     def marginals(n_jobs):
         return lambda: gp.set_params(n_jobs=n_jobs).predict_marginals(X_test)
 
+    # One sentence per call, as a tagging service predicts: the first
+    # ONE_AT_A_TIME test sequences, each its own call.
+    singles = [[x] for x in X_test[:ONE_AT_A_TIME]]
+    single_items = [[item] for item in items[:ONE_AT_A_TIME]]
     calls = {
         "gp predict": lambda: gp.predict(X_test),
         "crf predict": lambda: crf_predict(crf, items),
         "gp marginals 1": marginals(1),
         "gp marginals 2": marginals(2),
         "crf marginals": lambda: crf_marginals(crf, items),
+        "gp predict one": lambda: [gp.predict(x) for x in singles],
+        "crf predict one": lambda: [crf_predict(crf, i) for i in single_items],
+        "gp marginals one": lambda: [gp.predict_marginals(x) for x in singles],
+        "crf marginals one": lambda: [crf_marginals(crf, i) for i in single_items],
     }
     times = {key: [] for key in calls}
     for _ in range(rounds):
@@ -115,6 +135,9 @@ def measure(name, data, rounds, min_time):
 
     def best_ms(key):
         return 1e3 * min(times[key])
+
+    def best_us_per_sentence(key):
+        return 1e6 * min(times[key]) / len(singles)
 
     def median_ratio(a, b):
         return float(np.median(np.divide(times[a], times[b])))
@@ -133,6 +156,15 @@ def measure(name, data, rounds, min_time):
         "n_jobs=1 / n_jobs=2 marginals": median_ratio("gp marginals 1",
                                                       "gp marginals 2"),
         "identical": "yes" if identical else "NO",
+        "sentences": len(singles),
+        "mean tokens": float(np.mean([x.shape[0] for x in X_test[:ONE_AT_A_TIME]])),
+        "GP predict us": best_us_per_sentence("gp predict one"),
+        "CRF predict us": best_us_per_sentence("crf predict one"),
+        "GP / CRF predict, one": median_ratio("gp predict one", "crf predict one"),
+        "GP predict_marginals us": best_us_per_sentence("gp marginals one"),
+        "CRF predict_marginals us": best_us_per_sentence("crf marginals one"),
+        "GP / CRF marginals, one": median_ratio("gp marginals one",
+                                                "crf marginals one"),
     }
 
 
@@ -159,8 +191,20 @@ def main(argv=None):
         for row in rows
     ]))
     print()
-    print("Milliseconds: best of the rounds (each the mean over calls lasting "
-          f"at least {args.min_time:g} s); ratios: median of the rounds' ratios.")
+    print("One sentence per call (the first test sequences, each its own call):")
+    print()
+    print(markdown_table(["data set", *ONE_COLUMNS], [
+        [row["data set"], *(
+            f"{row[c]:.2f}x" if "/" in c else
+            (str(row[c]) if isinstance(row[c], int) else f"{row[c]:.1f}")
+            for c in ONE_COLUMNS
+        )]
+        for row in rows
+    ]))
+    print()
+    print("Milliseconds, microseconds per sentence: best of the rounds (each "
+          f"the mean over calls lasting at least {args.min_time:g} s); ratios: "
+          "median of the rounds' ratios.")
     print(f"command: {command_line()}")
     if args.out:
         write_json(args.out, {"command": command_line(),
