@@ -511,11 +511,14 @@ def test_bench_predict_row(bench_predict, monkeypatch):
     names = np.array([f"f{j}" for j in range(X[0].shape[1])])
     data = (X[:12], y[:12], X[12:], y[12:], names)
     row = bench_predict.measure("synthetic", data, rounds=2, min_time=0.01)
-    assert list(row) == bench_predict.COLUMNS
+    assert list(row) == bench_predict.COLUMNS + bench_predict.ONE_COLUMNS
     assert row["identical"] == "yes"
     assert row["test tokens"] == sum(len(s) for s in y[12:])
-    for column in bench_predict.COLUMNS[2:-1]:
+    for column in bench_predict.COLUMNS[2:-1] + bench_predict.ONE_COLUMNS[1:]:
         assert np.isfinite(row[column]) and row[column] > 0
+    # one sentence per call: the first ONE_AT_A_TIME test sequences (all 12)
+    assert row["sentences"] == 12
+    assert row["mean tokens"] == np.mean([x.shape[0] for x in X[12:]])
 
 
 def test_bench_hashed_rows(bench_hashed):
