@@ -1273,6 +1273,13 @@ GroupedLinearKernel`: automatic relevance determination per group).
     untagged, an integer ``cv`` gives ``KFold`` over whole sequences, which
     is what sequence labelling needs. ``score`` is token accuracy.
 
+    Prediction keeps what it derives from the fitted posterior alone (the
+    weights of the posterior mean; with lone features collapsed, the
+    posterior it samples), about the size of the fitted parameters again,
+    once computed: not pickled, dropped by the next fit. It is found again
+    when a fitted attribute is replaced (``model.q_mu_ = ...``), not when
+    one is changed in place: replace fitted arrays, do not write into them.
+
     Examples
     --------
     >>> from skgpstruct import GPStructClassifier
@@ -2607,8 +2614,7 @@ GroupedLinearKernel`: automatic relevance determination per group).
             return params, self._inducing_state, None
         # Kept with the objects it was computed from (held here, so that a
         # refit's new ones are never mistaken for them).
-        key = (params.q_mu, params.q_sqrt, collapsed, self.kernel_,
-               self._inducing_state)
+        key = (*params.astuple(), collapsed, self.kernel_, self._inducing_state)
         cached = self.__dict__.get("_sampling_posterior_of")
         if cached is not None and all(
             a is b for a, b in zip(cached[0], key, strict=True)

@@ -518,6 +518,10 @@ def _write_text(text, path, encoding):
 
 # ---------------------------------------------------------------------- #
 # model files
+#: The file name extensions by which joblib.dump compresses.
+_COMPRESSION_EXTENSIONS = (".z", ".gz", ".bz2", ".xz", ".lzma", ".lz4")
+
+
 def _save_model(model, path):
     """Write ``model`` to ``path`` whole or not at all.
 
@@ -539,10 +543,13 @@ def _save_model(model, path):
             joblib.dump(model, path)
             return
         try:
-            # (the name's extension kept: joblib compresses by it, .gz, .xz)
+            # (a compression extension kept: joblib compresses by it)
+            extension = os.path.splitext(target)[1]
+            if extension not in _COMPRESSION_EXTENSIONS:
+                extension = ""
             fd, temporary = tempfile.mkstemp(
                 prefix=".skgpstruct-", dir=os.path.dirname(target),
-                suffix=".tmp" + os.path.splitext(target)[1],
+                suffix=".tmp" + extension,
             )
         except PermissionError:
             if not (os.path.isfile(target) and os.access(target, os.W_OK)):

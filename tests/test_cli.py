@@ -829,6 +829,12 @@ def test_a_model_file_path_that_is_not_a_plain_file(tmp_path):
     reader.join(timeout=30)
     assert received and received[0].startswith(b"\x80")  # a pickle
     assert fifo.is_fifo()
+    # a name whose long "extension" is not a compression one saves (the
+    # temporary name carried it, beyond the file system's name limit)
+    long_name = tmp_path / ("model." + "x" * 240)
+    cli._save_model({"model": 6}, str(long_name))
+    assert joblib.load(long_name) == {"model": 6}
+    long_name.unlink()
     # the name's extension still picks joblib's compression
     cli._save_model({"model": 5}, str(tmp_path / "packed.gz"))
     assert (tmp_path / "packed.gz").read_bytes()[:2] == b"\x1f\x8b"

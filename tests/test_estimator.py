@@ -2062,6 +2062,17 @@ def test_prediction_keeps_what_depends_on_the_posterior_alone(lone_data,
     assert not {"_sampling_posterior_of", "_mean_weights_of"} & set(vars(loaded))
     np.testing.assert_array_equal(np.concatenate(loaded.predict_marginals(X_test)),
                                   np.concatenate(first[0]))
+    # A fitted attribute replaced is seen (the mixture weights too, which
+    # the sampled posterior carries): as a model that never predicted.
+    two = GPStructClassifier(**FAST, n_components=2).fit(X, y)
+    two.predict_marginals(X_test)  # (keeps the sampled posterior)
+    assert "_sampling_posterior_of" in vars(two)
+    untouched = copy.deepcopy(two)  # (without the caches, as pickled)
+    assert "_sampling_posterior_of" not in vars(untouched)
+    two.weights_ = np.array([0.9, 0.1])
+    untouched.weights_ = np.array([0.9, 0.1])
+    np.testing.assert_array_equal(np.concatenate(two.predict_marginals(X_test)),
+                                  np.concatenate(untouched.predict_marginals(X_test)))
     # A refit on other data predicts as a fresh model of that data.
     model.fit(X[:20], y[:20])
     fresh = GPStructClassifier(**FAST).fit(X[:20], y[:20])

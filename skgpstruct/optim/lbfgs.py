@@ -462,6 +462,14 @@ def _line_search(objective, z, f, g, p):
     return None
 
 
+def _same_to_rounding(a, b):
+    """Whether ``a`` and ``b`` differ by a few units in the last place at
+    most, entry by entry."""
+    return bool(np.all(np.abs(a - b) <= 4 * np.finfo(float).eps * np.maximum(
+        np.abs(a), np.abs(b)
+    )))
+
+
 def _max_abs(v):
     """``max |v|`` without a temporary array."""
     return max(float(v.max()), -float(v.min())) if v.size else 0.0
@@ -504,9 +512,10 @@ def minimize_lbfgs(
         counts from 1, ``x`` is in the box).
     start : (value, gradient) or None
         ``value_and_grad(x0)``, when the caller has evaluated it: then not
-        evaluated again (the run's first point is ``x0`` itself, where it
-        would otherwise be ``x0`` taken to the unbounded coordinates and
-        back, which can differ in the last bit).
+        evaluated again where the run's first point (``x0`` taken to the
+        optimiser's unbounded coordinates and back) is ``x0`` up to
+        rounding, as inside the bounds; on or beyond a bound that point
+        is elsewhere and is evaluated.
 
     Returns
     -------
@@ -527,6 +536,8 @@ def minimize_lbfgs(
     box = SmoothBox(*bound_arrays(bounds, x0.size))
     objective = _Objective(value_and_grad, box)
     z = box.from_box(x0)
+    if start is not None and not _same_to_rounding(box.to_box(z), x0):
+        start = None
     f, g = objective.raw(z, start)
     if not np.isfinite(f):
         raise NonFiniteStart(f"the objective is not finite at x0: {-f}")
