@@ -42,7 +42,12 @@ from ._sequences import (
     without_stored_zeros,
 )
 from .inference.elbo import SparseELBO
-from .inference.ess import DEFAULT_MEMORY_LIMIT, check_chain_size, sample_posterior
+from .inference.ess import (
+    DEFAULT_MEMORY_LIMIT,
+    check_chain_length,
+    check_chain_size,
+    sample_posterior,
+)
 from .inference.inducing import (
     CollapsedFeatures,
     InducingFeatures,
@@ -89,7 +94,7 @@ CHUNK_TOKENS = 2000
 #: Private attributes that only cache what a fitted model's own attributes
 #: give again: never pickled, dropped when a fit starts, not part of the
 #: state a failed fit restores.
-_CACHES = ("_centred_columns_of", "_sampling_posterior_of", "_mean_weights_of")
+_CACHES = ("_centred_columns_of", "_sampling_posterior_of", "_mean_state_of")
 #: Most bytes of random numbers ``predict_marginals`` draws at once: a chunk
 #: whose stacked samples need more is sampled in halves.
 PREDICT_NOISE_BYTES = 32 * 2**20
@@ -1399,15 +1404,10 @@ GroupedLinearKernel`: automatic relevance determination per group).
                 "ess_burn_in must be None or an integer >= 0, got "
                 f"{self.ess_burn_in!r}"
             )
-        burn_in, burn_in_text = self.ess_burn_in, ""
-        if burn_in is None:
-            burn_in, burn_in_text = self.ess_n_iter // 2, " (None: ess_n_iter // 2)"
-        if self.inference == "ess" and burn_in + self.ess_thin > self.ess_n_iter:
+        if self.inference == "ess":
             # The sampler's own rule, named by the estimator's parameters.
-            raise ValueError(
-                f"no sample would be kept: ess_burn_in{burn_in_text} + ess_thin "
-                f"({burn_in} + {self.ess_thin}) must be at most ess_n_iter "
-                f"({self.ess_n_iter})"
+            check_chain_length(
+                self.ess_n_iter, self.ess_burn_in, self.ess_thin, prefix="ess_"
             )
         for name in (
             "learn_hyperparameters", "warm_start", "early_stopping",
@@ -2399,17 +2399,13 @@ GroupedLinearKernel`: automatic relevance determination per group).
         mean = state.get("feature_mean_")
         if isinstance(mean, _PickledMean):
             state = dict(state, feature_mean_=mean.dense())
-            state["_centred_columns_of"] = (state["feature_mean_"], mean.columns)
+            state["_centred_columns_of"] = ((state["feature_mean_"],), mean.columns)
         super().__setstate__(state)
 
     def _centred_columns(self, mean):
         """``np.flatnonzero(mean)``, kept with the ``feature_mean_`` it was
         found in (not pickled): 5 ms per call over 2**20 hashed columns."""
-        cached = self.__dict__.get("_centred_columns_of")
-        if cached is None or cached[0] is not mean:
-            cached = (mean, np.flatnonzero(mean))
-            self._centred_columns_of = cached
-        return cached[1]
+        return self._kept("_centred_columns_of", (mean,), lambda: np.flatnonzero(mean))
 
     def _chunks(self, sequences):
         """(stacked X, offsets) of consecutive runs of the given sequences,
@@ -2612,25 +2608,37 @@ GroupedLinearKernel`: automatic relevance determination per group).
         collapsed = getattr(self, "_collapsed", None)
         if collapsed is None:
             return params, self._inducing_state, None
-        # Kept with the objects it was computed from (held here, so that a
-        # refit's new ones are never mistaken for them).
-        key = (*params.astuple(), collapsed, self.kernel_, self._inducing_state)
-        cached = self.__dict__.get("_sampling_posterior_of")
-        if cached is not None and all(
+
+        def compute():
+            features, q_mu_c, q_sqrt_c = collapsed
+            posterior = features.sampling_posterior(
+                self._inducing_state, self.kernel_, (params.q_mu, params.q_sqrt),
+                (q_mu_c, q_sqrt_c),
+            )
+            sampled = dataclasses.replace(
+                params, q_mu=posterior.q_mu, q_sqrt=posterior.q_sqrt
+            )
+            return sampled, posterior.scales, posterior
+
+        return self._kept(
+            "_sampling_posterior_of",
+            (*params.astuple(), collapsed, self.kernel_, self._inducing_state),
+            compute,
+        )
+
+    def _kept(self, name, key, compute):
+        """``compute()``, kept in the attribute ``name`` (one of
+        ``_CACHES``) with the objects ``key`` it was computed from: given
+        again while they are the same objects (compared with ``is``; the
+        cache holds them, so a refit's new ones are never mistaken for
+        them), computed afresh when any was replaced."""
+        cached = self.__dict__.get(name)
+        if cached is None or not all(
             a is b for a, b in zip(cached[0], key, strict=True)
         ):
-            return cached[1]
-        features, q_mu_c, q_sqrt_c = collapsed
-        posterior = features.sampling_posterior(
-            self._inducing_state, self.kernel_, (params.q_mu, params.q_sqrt),
-            (q_mu_c, q_sqrt_c),
-        )
-        params = dataclasses.replace(
-            params, q_mu=posterior.q_mu, q_sqrt=posterior.q_sqrt
-        )
-        sampling = (params, posterior.scales, posterior)
-        self._sampling_posterior_of = (key, sampling)
-        return sampling
+            cached = (key, compute())
+            self.__dict__[name] = cached
+        return cached[1]
 
     def _sampling_design(self, sampling, X_c):
         """``(params, X, inducing, state, prior)`` that ``predict_marginals``
@@ -2721,27 +2729,21 @@ GroupedLinearKernel`: automatic relevance determination per group).
         """Posterior mean of the unary potentials, (n_tokens, n_classes)."""
         if hasattr(self, "ess_"):
             return self.ess_.mean_unary(X_c)
+        # What the mean needs of the posterior, kept per fitted posterior:
+        # it costs in proportion to the parameters, most of a call on a few
+        # sentences.
+        inducing = self.inducing_
+        state = self._kept(
+            "_mean_state_of",
+            (inducing, self.weights_, self.q_mu_, self.kernel_, self._inducing_state),
+            lambda: inducing.mean_state(
+                self.kernel_, self._inducing_state,
+                np.einsum("k,kvm->vm", self.weights_, self.q_mu_),
+            ),
+        )
         # (columns without a variable have weights of prior mean 0)
-        X_s = self.inducing_.select(X_c, keep_lookup=True)
-        if type(self.inducing_) is InducingFeatures:
-            # The weights of the mean, kept per fitted posterior (not
-            # pickled): computing them costs in proportion to the
-            # parameters, most of a call on a few sentences.
-            key = (self.weights_, self.q_mu_, self._inducing_state)
-            cached = self.__dict__.get("_mean_weights_of")
-            if cached is None or not all(
-                a is b for a, b in zip(cached[0], key, strict=True)
-            ):
-                mean_mu = np.einsum("k,kvm->vm", self.weights_, self.q_mu_)
-                cached = (key, InducingFeatures.mean_weights(
-                    self._inducing_state, mean_mu
-                ))
-                self._mean_weights_of = cached
-            weights, bias = cached[1]
-            return np.asarray(X_s @ weights) + bias
-        mean_mu = np.einsum("k,kvm->vm", self.weights_, self.q_mu_)
-        return self.inducing_.mean_potentials(
-            self.kernel_, self._inducing_state, X_s, mean_mu,
+        return inducing.mean_potentials(
+            state, inducing.select(X_c, keep_lookup=True)
         )
 
     def predict(self, X):

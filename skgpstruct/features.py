@@ -255,16 +255,13 @@ def _expand(unigrams, seq):
             padded[col][_MAX_CONTEXT + row : _MAX_CONTEXT + row + n_tokens]
             for row, col in line.macros
         ]
-        # Concatenation, two to five times faster than str.format here.
-        if len(args) == 1:
-            before, after = literals
-            expanded.append([before + value + after for value in args[0]])
-        else:
-            pieces = [itertools.repeat(literals[0])]
-            for literal, values in zip(literals[1:], args, strict=True):
-                pieces += [values, itertools.repeat(literal)]
-            # (the literals repeat without end: the values set the length)
-            expanded.append(list(map("".join, zip(*pieces, strict=False))))
+        # Joined literal and value pieces: two to five times faster than
+        # str.format here.
+        pieces = [itertools.repeat(literals[0])]
+        for literal, values in zip(literals[1:], args, strict=True):
+            pieces += [values, itertools.repeat(literal)]
+        # (the literals repeat without end: the values set the length)
+        expanded.append(list(map("".join, zip(*pieces, strict=False))))
     return expanded
 
 

@@ -2041,9 +2041,9 @@ def test_prediction_keeps_what_depends_on_the_posterior_alone(lone_data,
     X, y, X_test, _ = lone_data
     model = GPStructClassifier(**FAST).fit(X, y)
     assert getattr(model, "_collapsed", None) is not None
-    counts = {"sampling_posterior": 0, "mean_weights": 0}
+    counts = {"sampling_posterior": 0, "mean_state": 0}
     for cls, name in ((inducing_module.CollapsedFeatures, "sampling_posterior"),
-                      (inducing_module.InducingFeatures, "mean_weights")):
+                      (inducing_module.InducingFeatures, "mean_state")):
         real = getattr(cls, name)
 
         def counted(*args, _real=real, _name=name, **kwargs):
@@ -2051,15 +2051,15 @@ def test_prediction_keeps_what_depends_on_the_posterior_alone(lone_data,
             return _real(*args, **kwargs)
 
         monkeypatch.setattr(cls, name, staticmethod(counted)
-                            if name == "mean_weights" else counted)
+                            if name == "mean_state" else counted)
     first = [model.predict_marginals(X_test), model.predict(X_test)]
     again = [model.predict_marginals(X_test[:3]), model.predict(X_test[:3])]
-    assert counts == {"sampling_posterior": 1, "mean_weights": 1}
+    assert counts == {"sampling_posterior": 1, "mean_state": 1}
     for a, b in zip(again[0], first[0][:3], strict=False):
         np.testing.assert_array_equal(a, b)
     loaded = pickle.loads(pickle.dumps(model))
-    assert "_sampling_posterior_of" in vars(model) and "_mean_weights_of" in vars(model)
-    assert not {"_sampling_posterior_of", "_mean_weights_of"} & set(vars(loaded))
+    assert "_sampling_posterior_of" in vars(model) and "_mean_state_of" in vars(model)
+    assert not {"_sampling_posterior_of", "_mean_state_of"} & set(vars(loaded))
     np.testing.assert_array_equal(np.concatenate(loaded.predict_marginals(X_test)),
                                   np.concatenate(first[0]))
     # A fitted attribute replaced is seen (the mixture weights too, which

@@ -1,4 +1,5 @@
 import pickle
+import re
 import time
 import warnings
 
@@ -158,6 +159,22 @@ def test_matrices_are_the_canonical_indicators_of_the_expanded_strings():
 
     template = ("U00:%x[0,0]\nU01:%x[-1,1]/{%x[0,1]}\nU02:%x[1,0]/%x[0,1]/%x[2,2]\n"
                 "U00:%x[0,0]\nU03:const\nU04:%x[0,0]}\nB")
+    unigram_lines = [line for line in template.splitlines() if line[0] == "U"]
+
+    def rendered(seq, t):
+        # CRF++'s rule written out by regular expression, token by token
+        # (not the vectorizer's expansion): a row beyond the ends is _B-k or
+        # _B+k.
+        def value(match):
+            row, col = t + int(match[1]), int(match[2])
+            if row < 0:
+                return f"_B{row}"
+            if row >= len(seq):
+                return f"_B+{row - len(seq) + 1}"
+            return seq[row][col]
+
+        return [re.sub(r"%x\[(-?\d+),(\d+)\]", value, line) for line in unigram_lines]
+
     train, test = sequences(30), sequences(20)
     vec = CRFppTemplateVectorizer(template, min_count=2)
     for X, Xt in ((train, vec.fit_transform(train)), (test, vec.transform(test))):
@@ -165,7 +182,7 @@ def test_matrices_are_the_canonical_indicators_of_the_expanded_strings():
         for seq, matrix in zip(X, Xt, strict=True):
             assert matrix.shape == (len(seq), len(vec.vocabulary_))
             assert matrix.has_canonical_format and np.all(matrix.data == 1.0)
-            expanded = expand_crfpp_template(template, seq) if seq else []
+            expanded = [rendered(seq, t) for t in range(len(seq))]
             for t, strings in enumerate(expanded):
                 row = matrix.indices[matrix.indptr[t] : matrix.indptr[t + 1]]
                 expected = sorted({vec.vocabulary_[f] for f in strings

@@ -66,6 +66,7 @@ from .inducing import CollapsedFeatures
 __all__ = [
     "DEFAULT_MEMORY_LIMIT",
     "ESSPosterior",
+    "check_chain_length",
     "check_chain_size",
     "elliptical_slice",
     "ess_memory_bytes",
@@ -301,6 +302,26 @@ class _ChainLogLikelihood:
         return float(loglik.sum())
 
 
+def check_chain_length(n_iter, burn_in, thin, prefix=""):
+    """``(n_iter, burn_in, thin)`` as ints, ``burn_in`` None as half the
+    chain, else a ValueError naming the argument (``prefix`` + its name, as
+    the caller calls it) when one is not an integer in range or no sample
+    would be kept (``burn_in + thin > n_iter``)."""
+    n_iter = int(check_integer(n_iter, prefix + "n_iter", 1))
+    thin = int(check_integer(thin, prefix + "thin", 1))
+    halved = burn_in is None
+    if halved:
+        burn_in = n_iter // 2
+    burn_in = int(check_integer(burn_in, prefix + "burn_in", 0))
+    if burn_in + thin > n_iter:
+        half = f" (None: {prefix}n_iter // 2)" if halved else ""
+        raise ValueError(
+            f"no sample would be kept: {prefix}burn_in{half} + {prefix}thin "
+            f"({burn_in} + {thin}) must be at most {prefix}n_iter ({n_iter})"
+        )
+    return n_iter, burn_in, thin
+
+
 def check_chain_size(n_tokens, n_classes, n_iter, burn_in, thin, memory_limit):
     """Validate a chain's length and what it would allocate, allocating nothing.
 
@@ -325,16 +346,7 @@ def check_chain_size(n_tokens, n_classes, n_iter, burn_in, thin, memory_limit):
         sampler's buffers would exceed ``memory_limit`` (the message says
         how to proceed).
     """
-    n_iter = int(check_integer(n_iter, "n_iter", 1))
-    thin = int(check_integer(thin, "thin", 1))
-    if burn_in is None:
-        burn_in = n_iter // 2
-    burn_in = int(check_integer(burn_in, "burn_in", 0))
-    if burn_in + thin > n_iter:
-        raise ValueError(
-            f"no sample would be kept: burn_in + thin ({burn_in} + {thin}) must "
-            f"be at most n_iter ({n_iter})"
-        )
+    n_iter, burn_in, thin = check_chain_length(n_iter, burn_in, thin)
     n_kept = _n_kept(n_iter, burn_in, thin)
     gram_bytes, other_bytes = ess_memory_bytes(n_tokens, n_classes, n_kept)
     if gram_bytes + other_bytes > memory_limit:

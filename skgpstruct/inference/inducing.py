@@ -411,9 +411,17 @@ class InducingPoints:
         pieces = [B[:, offsets[n] : offsets[n + 1]] for n in range(n_seq)]
         return Projection([None] * n_seq, pieces, residual, cache=B)
 
-    def mean_potentials(self, kernel, L_zz, X, mean):
-        """Posterior mean of the latent functions at the tokens ``X``:
-        ``(mean @ B).T``, of shape (n_tokens, V) for ``mean`` (V, M)."""
+    @staticmethod
+    def mean_state(kernel, L_zz, mean):
+        """What :meth:`mean_potentials` needs of the posterior mean ``mean``
+        (V, M): here the arguments themselves (the tokens' projection is
+        the work, done per call)."""
+        return kernel, L_zz, mean
+
+    def mean_potentials(self, mean_state, X):
+        """Posterior mean of the latent functions at the tokens ``X``,
+        ``(mean @ B).T`` of shape (n_tokens, V), from :meth:`mean_state`."""
+        kernel, L_zz, mean = mean_state
         return (mean @ self._whitened(kernel, L_zz, X)).T
 
     def backward(self, kernel, L_zz, X, projection, d_B, d_residual):
@@ -709,24 +717,25 @@ class InducingFeatures:
         return Projection(rows, pieces, np.zeros(X.shape[0]), cache=unscaled)
 
     @staticmethod
-    def mean_potentials(kernel, scales, X, mean):
-        """Posterior mean of the latent functions at the tokens ``X``, of
-        shape (n_tokens, V) for ``mean`` (V, n_features + 1): one sparse
-        product, ``X (c m)^T`` plus the bias's share (no per-sequence
-        projection is needed: each token's mean is its own)."""
-        weights, bias = InducingFeatures.mean_weights(scales, mean)
-        return np.asarray(X @ weights) + bias
-
-    @staticmethod
-    def mean_weights(scales, mean):
-        """``(weights, bias)`` of :meth:`mean_potentials`, which is
-        ``X @ weights + bias``: the feature weights (n_features, V),
-        C-ordered, and the bias's share (V,). They depend on the posterior
-        alone, so a fitted model can keep them."""
+    def mean_state(kernel, scales, mean):
+        """What :meth:`mean_potentials` needs of the posterior mean ``mean``
+        (V, n_features + 1): the feature weights ``(c m)^T`` (n_features,
+        V), C-ordered, and the bias's share (V,). Work in proportion to the
+        parameters, which depends on the posterior alone: a fitted model
+        keeps it."""
         return (
             np.ascontiguousarray((mean[:, :-1] * scales[:-1]).T),
             scales[-1] * mean[:, -1],
         )
+
+    @staticmethod
+    def mean_potentials(mean_state, X):
+        """Posterior mean of the latent functions at the tokens ``X``, of
+        shape (n_tokens, V), from :meth:`mean_state`: one sparse product
+        plus the bias's share (no per-sequence projection is needed: each
+        token's mean is its own)."""
+        weights, bias = mean_state
+        return np.asarray(X @ weights) + bias
 
     def backward(self, kernel, scales, X, projection, d_B, d_residual):
         """Gradient w.r.t. the feature scales (returned as the state gradient)."""
