@@ -10,6 +10,7 @@ import warnings
 import numpy as np
 import scipy.sparse as sp
 from joblib import Parallel, delayed
+from numpy.random.bit_generator import ISeedSequence
 from sklearn.base import BaseEstimator, clone
 from sklearn.exceptions import ConvergenceWarning
 from sklearn.utils.validation import check_is_fitted
@@ -322,9 +323,15 @@ class _NoiseBudget:
 
 def _sequence_fingerprint(X_n):
     """A 64-bit integer determined by a sequence's feature values, whatever
-    their storage: dense or sparse in any format, stored zeros or not. The
-    values are hashed in one canonical form: the CSR arrays of the nonzero
-    float64 values, row by row, columns sorted."""
+    their storage: dense or sparse in any format, stored zeros or not (see
+    :func:`_sequence_digest`)."""
+    return int.from_bytes(_sequence_digest(X_n), "little")
+
+
+def _sequence_digest(X_n, size=8, key=b""):
+    """A blake2b digest of ``size`` bytes (keyed by ``key``) of a sequence's
+    feature values, hashed in one canonical form: the CSR arrays of the
+    nonzero float64 values, row by row, columns sorted."""
     if sp.issparse(X_n):
         # Copies where they change anything: the caller's matrix (maybe in
         # another thread of predict_marginals) is never changed. Cancelling
@@ -337,36 +344,72 @@ def _sequence_fingerprint(X_n):
         indices = np.nonzero(nonzero)[1]  # row-major: sorted within rows
         indptr = np.concatenate([[0], np.cumsum(nonzero.sum(axis=1))])
         data = X_n[nonzero]
-    return _csr_fingerprint(indptr, indices, data, X_n.shape)
+    return _csr_digest(indptr, indices, data, X_n.shape, size, key)
 
 
-def _csr_fingerprint(indptr, indices, data, shape):
-    """:func:`_sequence_fingerprint` of the canonical CSR arrays given."""
-    digest = hashlib.blake2b(digest_size=8)
+def _csr_digest(indptr, indices, data, shape, size=8, key=b""):
+    """:func:`_sequence_digest` of the canonical CSR arrays given."""
+    digest = hashlib.blake2b(digest_size=size, key=key)
     for part, dtype in ((indptr, np.int64), (indices, np.int64), (data, np.float64)):
         digest.update(np.ascontiguousarray(part, dtype=dtype).tobytes())
     digest.update(str(shape).encode())
-    return int.from_bytes(digest.digest(), "little")
+    return digest.digest()
 
 
-def _chunk_fingerprints(X_c, offsets):
-    """:func:`_sequence_fingerprint` of every sequence of a stacked chunk
+def _chunk_digests(X_c, offsets, size=8, key=b""):
+    """:func:`_sequence_digest` of every sequence of a stacked chunk
     (canonical CSR without stored zeros, or dense), from slices of its
     arrays: no matrix per sequence."""
     if not sp.issparse(X_c):
         return [
-            _sequence_fingerprint(X_c[t0:t1])
+            _sequence_digest(X_c[t0:t1], size, key)
             for t0, t1 in zip(offsets[:-1], offsets[1:], strict=True)
         ]
     indptr, indices, data = X_c.indptr, X_c.indices, X_c.data
     out = []
     for t0, t1 in zip(offsets[:-1], offsets[1:], strict=True):
         a, b = indptr[t0], indptr[t1]
-        out.append(_csr_fingerprint(
+        out.append(_csr_digest(
             indptr[t0 : t1 + 1] - a, indices[a:b], data[a:b],
             (int(t1 - t0), int(X_c.shape[1])),  # as a shape prints: no np.int64
+            size, key,
         ))
     return out
+
+
+class _DigestSeed(ISeedSequence):
+    """A hash digest as a bit generator's seed: its words are the state.
+
+    ``np.random.default_rng([seed, fingerprint])`` spent 35 us per sequence
+    (a SeedSequence mixing its entropy, then the generator), most of a
+    batch of short sentences' ``predict_marginals``; a keyed blake2b digest
+    of the sequence is already uniformly distributed, and PCG64 seeded with
+    its words costs 1.5 us.
+    """
+
+    def __init__(self, digest):
+        self.digest = digest
+
+    def generate_state(self, n_words, dtype=np.uint32):
+        dtype = np.dtype(dtype)
+        words = np.frombuffer(self.digest, dtype=dtype.newbyteorder("<"))
+        if n_words > words.size:
+            raise ValueError(
+                f"a digest of {len(self.digest)} bytes holds {words.size} "
+                f"words of {dtype}, {n_words} asked for"
+            )
+        return words[:n_words].astype(dtype)
+
+
+def _sequence_generators(X_c, offsets, seed):
+    """One generator per sequence of a stacked chunk, seeded by ``seed`` and
+    the sequence's own feature values: its draws do not depend on the other
+    sequences, their order, or the storage of its features."""
+    key = int(seed).to_bytes(8, "little")
+    return [
+        np.random.Generator(np.random.PCG64(_DigestSeed(digest)))
+        for digest in _chunk_digests(X_c, offsets, 32, key)
+    ]
 
 
 def _largest_magnitude(X):
@@ -2418,7 +2461,10 @@ GroupedLinearKernel`: automatic relevance determination per group).
             if sum(s.shape[0] for s in part) == 0:
                 yield sl, None, offsets_from_lengths([0] * len(part))
                 continue
-            X_c, offsets = stack_sequences(part)
+            if len(part) == 1:  # (checked: a float64 array or canonical CSR)
+                X_c, offsets = part[0], np.array([0, part[0].shape[0]])
+            else:
+                X_c, offsets = stack_sequences(part)
             # The fit's bound, checked once per chunk (by sequence it cost a
             # fifth of basenp's predict): both decoders then take the same X
             # (the float64 mean potentials of Viterbi took 1e200, the
@@ -2498,10 +2544,7 @@ GroupedLinearKernel`: automatic relevance determination per group).
         K, V, _ = params.q_mu.shape
         if X_c is None:  # only zero-length sequences
             return [np.zeros((0, V)) for _ in sequences]
-        rngs = [
-            np.random.default_rng([self._predict_seed, fingerprint])
-            for fingerprint in _chunk_fingerprints(X_c, offsets)
-        ]
+        rngs = _sequence_generators(X_c, offsets, self._predict_seed)
         S = len(pairwise)
         marg = np.zeros((X_c.shape[0], V))
         sampled, X_s, inducing, state, prior = self._sampling_design(sampling, X_c)
@@ -2511,15 +2554,21 @@ GroupedLinearKernel`: automatic relevance determination per group).
             if t1 == t0:  # zero-length sequences: no token to sample
                 continue
             part_offsets = offsets[n0 : n1 + 1] - t0
+            # (a whole chunk is not sliced: scipy's slice of a sentence cost
+            # a tenth of its prediction)
+            X_part, X_s_part, prior_part = (
+                (X_c, X_s, prior) if (t0, t1) == (0, X_c.shape[0]) else
+                (X_c[t0:t1], X_s[t0:t1], None if prior is None else prior[t0:t1])
+            )
             for s0 in range(0, S, block):
                 s1 = min(S, s0 + block)
                 with np.errstate(over="ignore", invalid="ignore"):  # refused below
                     unary = self._unary_samples(
-                        sampled, X_s[t0:t1], part_offsets, s1 - s0, rngs[n0:n1],
-                        inducing, state, None if prior is None else prior[t0:t1],
+                        sampled, X_s_part, part_offsets, s1 - s0, rngs[n0:n1],
+                        inducing, state, prior_part,
                     )
                 _check_potentials(
-                    unary, pairwise[s0:s1], part_offsets, X_c[t0:t1], "sampled"
+                    unary, pairwise[s0:s1], part_offsets, X_part, "sampled"
                 )
                 for k in range(K):
                     _, m_k, _ = chain.forward_backward(
@@ -2549,8 +2598,16 @@ GroupedLinearKernel`: automatic relevance determination per group).
             inducing, state = self.inducing_, self._inducing_state
         K, V, _ = params.q_mu.shape
         if not params.full_covariance:
-            layout = inducing.chunk_layout(X_c, offsets)
-            stacked = inducing.stacked_projection(state, layout)
+            # Numbered within the chunk's own features (compact): sampled
+            # with the parameters of its support alone, so that a short chunk
+            # costs its own features', not the model's (laying out every
+            # parameter took 0.4 ms of a one-sentence call on basenp).
+            layout = inducing.chunk_layout(X_c, offsets, compact=True)
+            support = inducing.support(layout)
+            stacked = inducing.stacked_projection(
+                state if support is None else inducing.restrict_state(state, support),
+                layout,
+            )
             if stacked is not None:
                 # float32 noise of the drawn rows and of the tokens
                 n_noise = (stacked.split.drawn.size + X_c.shape[0]) * K * V * S
@@ -2570,6 +2627,8 @@ GroupedLinearKernel`: automatic relevance determination per group).
                         inducing, state,
                     )
                     return unary
+                if support is not None:
+                    params = params.restricted(support)
                 return sample_unary_stacked(
                     params, stacked, layout.row_starts, offsets, S, rngs,
                     antithetic=True,

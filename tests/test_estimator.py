@@ -1063,18 +1063,62 @@ def test_predict_marginals_do_not_depend_on_the_rest_of_the_batch(
         np.testing.assert_allclose(b, a, rtol=0, atol=1e-12)
 
 
-def test_chunk_fingerprints_are_the_sequences_fingerprints():
+def test_chunk_digests_are_the_sequences_digests():
     # Taken from slices of the stacked chunk (no matrix per sequence: many
-    # short sequences took seconds), the same numbers as sequence by sequence.
-    from skgpstruct._estimator import _chunk_fingerprints, _sequence_fingerprint
+    # short sequences took seconds), the same digests as sequence by
+    # sequence, and as blake2b of the canonical CSR arrays written out here.
+    import hashlib
+
+    from skgpstruct._estimator import _chunk_digests, _sequence_digest
 
     X, _ = make_sequences(n_sequences=6, length_range=(1, 4), random_state=0)
     X.insert(2, np.zeros((0, X[0].shape[1])))
     for pieces in (X, [sp.csr_matrix(x) for x in X]):
         X_c, offsets = stack_sequences(pieces)
-        assert _chunk_fingerprints(X_c, offsets) == [
-            _sequence_fingerprint(x) for x in pieces
-        ]
+        for size, key in ((8, b""), (32, b"12345678")):
+            assert _chunk_digests(X_c, offsets, size, key) == [
+                _sequence_digest(x, size, key) for x in pieces
+            ]
+    x = np.array([[0.0, 1.5], [2.0, 0.0]])
+    digest = hashlib.blake2b(digest_size=32, key=b"k")
+    for part in ([0, 1, 2], [1, 0]):
+        digest.update(np.array(part, dtype=np.int64).tobytes())
+    digest.update(np.array([1.5, 2.0]).tobytes())
+    digest.update(b"(2, 2)")
+    assert _sequence_digest(x, 32, b"k") == digest.digest()
+    assert _sequence_digest(sp.coo_matrix(x), 32, b"k") == digest.digest()
+
+
+def test_sequence_generators_are_pcg64_seeded_by_the_digest():
+    # A generator per sequence from its keyed digest's words (PCG64's
+    # state and increment): different seeds or features give other
+    # streams; the same, the same stream.
+    from skgpstruct._estimator import (
+        _chunk_digests,
+        _DigestSeed,
+        _sequence_generators,
+    )
+
+    X = [np.array([[1.0, 0.0]]), np.array([[0.0, 1.0]]), np.array([[1.0, 0.0]])]
+    X_c, offsets = stack_sequences(X)
+    draws = [g.standard_normal(4) for g in _sequence_generators(X_c, offsets, 7)]
+    np.testing.assert_array_equal(draws[0], draws[2])
+    assert not np.allclose(draws[0], draws[1])
+    other = _sequence_generators(X_c, offsets, 8)[0].standard_normal(4)
+    assert not np.allclose(other, draws[0])
+    digest = _chunk_digests(X_c, offsets, 32, (7).to_bytes(8, "little"))[0]
+    words = np.frombuffer(digest, dtype="<u8")
+    # PCG's seeding from (initstate, initseq), written out: inc is
+    # 2 initseq + 1, the state two steps of the LCG, initstate added between
+    initstate = int(words[0]) << 64 | int(words[1])
+    initseq = int(words[2]) << 64 | int(words[3])
+    inc = (initseq << 1 | 1) % 2**128
+    multiplier = 0x2360ED051FC65DA44385DF649FCCF645
+    state = np.random.PCG64(_DigestSeed(digest)).state["state"]
+    assert state["inc"] == inc
+    assert state["state"] == ((inc + initstate) * multiplier + inc) % 2**128
+    with pytest.raises(ValueError, match="holds 4 words"):
+        _DigestSeed(digest).generate_state(5, np.uint64)
 
 
 @pytest.mark.parametrize("train_sparse", [False, True], ids=["dense fit", "CSR fit"])

@@ -12,6 +12,7 @@
 - the Monte Carlo ELL against brute-force enumeration of labellings.
 """
 
+import dataclasses
 import warnings
 
 import _stacked_reference as stacked_reference
@@ -1644,6 +1645,78 @@ def test_collapse_keeps_the_distribution_of_every_sum():
     again_mu, _ = collapsed.collapse(back_mu, back_sd, kernel)
     np.testing.assert_allclose(again_mu, out_mu, atol=1e-12)
     np.testing.assert_allclose(back_sd[..., 7], sd[..., 7], rtol=1e-12)
+
+
+def _sampling_design_by_sparse_algebra(collapsed, X, posterior):
+    """The sampling design as sparse algebra, term by term in the order
+    :meth:`CollapsedFeatures.sampling_design` sums them: ``a . v`` of every
+    token and variable, ``X - (a . v) a / c`` on the lone columns, then
+    ``(a . v) / sigma`` in the variables' columns."""
+    X = sp.csr_matrix(X, copy=True)
+    X.sum_duplicates()
+    lone = collapsed.lone
+    X_v = X[:, lone] @ sp.diags(posterior.lone_scales)  # x_j c_j
+    a_dot_v = X_v @ posterior.loadings.T
+    shift = (a_dot_v @ posterior.loadings) @ sp.diags(posterior.inverse_lone_scales)
+    to_original = sp.csr_matrix(
+        (np.ones(lone.size), (np.arange(lone.size), lone)),
+        shape=(lone.size, X.shape[1]),
+    )
+    return sp.hstack(
+        [X - shift @ to_original, a_dot_v @ sp.diags(posterior.inverse_sigma)],
+        format="csr",
+    )
+
+
+@pytest.mark.parametrize("lookup", [True, False])
+def test_collapsed_sampling_design_is_the_sparse_algebra(lookup):
+    # Written on the CSR arrays: the same matrix, entry for entry, as the
+    # sparse products, with test tokens holding two lone features of one
+    # training token, lone features of two, one exactly cancelled (feature
+    # 7, the only lone feature of its token: a = +-1, its shift is x), kept
+    # features only, nothing, a stored zero and entries given twice.
+    # (the lone columns in reverse order: a token's variables then run
+    # against their features' columns)
+    order = np.r_[0:4, 11:3:-1, 12:14]
+    X, _, kernel = _lone_feature_case()
+    collapsed = CollapsedFeatures.of(X[:, order])
+    rng = np.random.default_rng(3)
+    K, V, M = 2, 3, collapsed.n_inducing
+    fitted = rng.normal(size=(K, V, M)), rng.uniform(0.3, 1.5, size=(K, V, M))
+    expanded = collapsed.expand(*fitted, kernel)
+    scales = collapsed.original.prepare(kernel)
+    posterior = collapsed.sampling_posterior(scales, kernel, expanded, fitted)
+    if not lookup:
+        posterior = dataclasses.replace(posterior, lone_positions=None)
+    entries = [
+        [(0, 1.0), (4, 0.7), (5, -1.2), (12, 2.0)],  # token 0's: 4 and 5
+        [(7, 1.3)],  # cancelled
+        [(1, 0.5), (8, 2.0), (10, -0.4), (11, 1.1)],  # tokens 4, 6 and 8's
+        [(2, 1.0), (3, -1.0)],  # kept features only
+        [],
+        [(6, 0.0), (9, 1.5)],  # a stored zero at a lone feature
+        [(5, 0.25), (5, 0.5), (13, 1.0)],  # feature 5 given twice
+    ]
+    indptr = np.cumsum([0] + [len(e) for e in entries])
+    X_test = sp.csr_matrix(
+        ([v for e in entries for _, v in e], [j for e in entries for j, _ in e],
+         indptr),
+        shape=(len(entries), 14),
+    )[:, order]
+    expected = _sampling_design_by_sparse_algebra(collapsed, X_test, posterior)
+    X_s = collapsed.sampling_design(X_test, posterior)
+    assert X_s.shape == expected.shape == (7, 14 + collapsed.n_collapsed)
+    np.testing.assert_array_equal(X_s.toarray(), expected.toarray())
+    # canonical, and no stored zero: the cancelled entry is gone
+    assert X_s.has_canonical_format and X_s.data.all() and X_s.nnz == expected.nnz
+    assert X_test[1].nnz == 1 and X_s[1].indices.tolist() == [14 + 1]
+    copy = X_s.copy()
+    copy.has_canonical_format = False
+    copy.sum_duplicates()
+    np.testing.assert_array_equal(copy.indices, X_s.indices)
+    # a dense X is its sparse form
+    dense = collapsed.sampling_design(X_test.toarray(), posterior)
+    np.testing.assert_array_equal(dense.toarray(), X_s.toarray())
 
 
 def test_nothing_to_collapse():

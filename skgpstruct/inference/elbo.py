@@ -390,24 +390,15 @@ class SparseELBO:
         support = self.inducing.support(chunk.layout)
         if support is None:
             return shared, None
-        if shared.params.full_covariance:
-            raise ValueError("compact chunk layouts need diagonal covariances")
-
-        def take(params):
-            return VariationalParameters(
-                params.q_mu[:, :, support], params.q_sqrt[:, :, support],
-                params.weights, params.pairwise_mean, params.pairwise_std,
-            )
-
         reference = shared.reference
         if reference is not None:
             reference = ReferencePosterior(
-                take(reference.params), reference.kernel,
+                reference.params.restricted(support), reference.kernel,
                 self.inducing.restrict_state(reference.inducing_state, support),
             )
         restricted = dataclasses.replace(
             shared,
-            params=take(shared.params),
+            params=shared.params.restricted(support),
             inducing_state=self.inducing.restrict_state(
                 shared.inducing_state, support
             ),

@@ -10,8 +10,9 @@ from .._linalg import cholesky_backward, jitter_cholesky
 from .._sequences import (
     canonical_csr,
     column_positions,
-    hstack_csr,
+    entries_in_columns,
     select_columns,
+    sorted_unique,
     without_stored_zeros,
 )
 from ..kernels import _feature_scales_at, _feature_scales_vjp_at
@@ -266,37 +267,71 @@ class RowSplit:
         """
         U = sp.csr_matrix(U, copy=True)
         U.sum_duplicates()
-        n_rows, n_tokens = U.shape
+        # The entries token by token, each token's in row order: the CSC
+        # form (a counting sort, no comparison sort).
+        by_token = U.tocsc()
+        by_token.sort_indices()
+        return cls.of_token_entries(
+            by_token.indptr, by_token.indices, by_token.data, U.shape[0], rows,
+            n_inducing,
+        )
+
+    @classmethod
+    def of_token_entries(cls, indptr, entry_row, value, n_rows, rows, n_inducing):
+        """The split of a ``U`` given by its entries token by token.
+
+        Parameters
+        ----------
+        indptr : ndarray of int of shape (n_tokens + 1,)
+            Token ``t``'s entries are ``indptr[t]:indptr[t + 1]``.
+        entry_row : ndarray of int
+            Every entry's stacked row, increasing within each token (one
+            entry per row and token at most).
+        value : ndarray of float
+            Every entry's value.
+        n_rows : int
+            Number of stacked rows (a row with no entry is drawn).
+        rows : ndarray of int of shape (n_rows,)
+            The inducing variable of every stacked row, in ``[0, n_inducing)``.
+        n_inducing : int
+
+        Returns
+        -------
+        RowSplit
+        """
+        n_tokens = len(indptr) - 1
         if max(n_rows, n_tokens, n_inducing) > np.iinfo(np.int32).max:
             raise ValueError(
                 f"a chunk's rows ({n_rows}), tokens ({n_tokens}) and inducing "
                 f"variables ({n_inducing}) must each fit 32-bit indices"
             )
-        per_row = np.diff(U.indptr)
-        drawn = np.flatnonzero(per_row != 1).astype(np.int64)
-        position = np.full(n_rows, -1, dtype=np.int32)
-        position[drawn] = np.arange(drawn.size)
-        # The entries token by token, each token's in row order: the CSC
-        # form (a counting sort, no comparison sort).
-        by_token = U.tocsc()
-        by_token.sort_indices()
-        row_of = by_token.indices.astype(np.int64)
-        indptr = by_token.indptr.astype(np.int64)
         rows = np.asarray(rows, dtype=np.int64)
         if rows.size and not 0 <= rows.min() <= rows.max() < n_inducing:
             raise ValueError(f"rows must lie in [0, {n_inducing})")
-        inducing = rows.astype(np.int32)[row_of]
-        U_drawn = U[drawn]
+        entry_row = np.asarray(entry_row, dtype=np.int64)
+        per_row = np.bincount(entry_row, minlength=n_rows)
+        drawn = np.flatnonzero(per_row != 1).astype(np.int64)
+        position = np.full(n_rows, -1, dtype=np.int32)
+        position[drawn] = np.arange(drawn.size, dtype=np.int32)
+        entry_drawn = position[entry_row]
+        # The drawn rows' entries row by row, each row's in token order (a
+        # stable sort keeps the token-by-token order within a row).
+        in_drawn = np.flatnonzero(entry_drawn >= 0)
+        by_row = in_drawn[np.argsort(entry_drawn[in_drawn], kind="stable")]
+        entry_token = np.repeat(np.arange(n_tokens, dtype=np.int32), np.diff(indptr))
+        row_indptr = np.zeros(drawn.size + 1, dtype=np.int64)
+        np.cumsum(per_row[drawn], out=row_indptr[1:])
+        value = np.asarray(value)
         return cls(
             drawn,
             rows[drawn],
-            indptr,
-            inducing,
-            np.ascontiguousarray(by_token.data, dtype=np.float32),
-            position[row_of],
-            U_drawn.indptr.astype(np.int64),
-            U_drawn.indices.astype(np.int32),
-            U_drawn.data.astype(np.float32),
+            np.asarray(indptr, dtype=np.int64),
+            rows.astype(np.int32)[entry_row],
+            value.astype(np.float32),
+            entry_drawn,
+            row_indptr,
+            entry_token[by_row],
+            value[by_row].astype(np.float32),
         )
 
 
@@ -336,7 +371,7 @@ def active_columns(X):
     stored zero is not one)."""
     if sp.issparse(X):
         X = canonical_csr(X)
-        return np.unique(X.indices[X.data != 0]).astype(np.int64)
+        return sorted_unique(X.indices[X.data != 0]).astype(np.int64)
     return np.flatnonzero(np.any(np.asarray(X) != 0, axis=0)).astype(np.int64)
 
 
@@ -622,7 +657,7 @@ class InducingFeatures:
             np.arange(n_seq, dtype=np.int64), np.diff(offsets)
         )
         keys = sequence_of_token[token] * F + X.indices
-        pairs, pair_of_entry = np.unique(keys, return_inverse=True)
+        pairs, pair_of_entry = sorted_unique(keys, return_inverse=True)
         pair_sequence = pairs // F
         n_active = np.bincount(pair_sequence, minlength=n_seq)
         # Sequence n owns the stacked rows row_starts[n]:row_starts[n + 1]:
@@ -639,25 +674,35 @@ class InducingFeatures:
         all_rows[pair_row] = pairs % F
         support = None
         if compact:
-            support = np.unique(all_rows)
-            if support.size == self.n_inducing:
-                # Every feature is active in the chunk: local numbers are the
-                # global ones, and restricting would only copy every array.
-                support = None
-            else:
-                all_rows = np.searchsorted(support, all_rows)
-        coords = (
-            np.concatenate([pair_row[pair_of_entry], bias_rows[sequence_of_token]]),
-            np.concatenate([token, np.arange(n_tokens, dtype=np.int64)]),
-        )
-        values = np.concatenate([X.data, np.ones(n_tokens)]).astype(np.float64)
-        U = sp.csr_matrix((values, coords), shape=(row_starts[-1], n_tokens))
+            # The chunk's active features and the bias (the last variable).
+            features, local = sorted_unique(all_rows[pair_row], return_inverse=True)
+            if features.size + 1 < self.n_inducing:
+                support = np.append(features, self.n_features)
+                all_rows[:] = features.size
+                all_rows[pair_row] = local
+            # else every feature is active in the chunk: local numbers are
+            # the global ones, and restricting would only copy every array.
+        # U token by token: each token's feature entries (rows increasing
+        # with the feature, X being canonical), then its sequence's bias row
+        # (the sequence's last).
+        n_entries = X.indptr[-1]
+        indptr = X.indptr.astype(np.int64) + np.arange(n_tokens + 1)
+        at_feature = np.arange(n_entries, dtype=np.int64) + token
+        entry_row = np.empty(n_entries + n_tokens, dtype=np.int64)
+        entry_row[at_feature] = pair_row[pair_of_entry]
+        entry_row[indptr[1:] - 1] = bias_rows[sequence_of_token]
+        value = np.ones(n_entries + n_tokens)
+        value[at_feature] = X.data[:n_entries]
         n_space = self.n_inducing if support is None else support.size
-        # Each sequence's rows as a view of the stacked ones: one copy kept.
-        rows = np.split(all_rows, row_starts[1:-1]) if n_seq else []
-        return FeatureLayout(
-            rows, support, row_starts, all_rows, RowSplit.of(U, all_rows, n_space),
+        split = RowSplit.of_token_entries(
+            indptr, entry_row, value, row_starts[-1], all_rows, n_space
         )
+        # Each sequence's rows as a view of the stacked ones: one copy kept.
+        rows = [
+            all_rows[a:b]
+            for a, b in zip(row_starts[:-1], row_starts[1:], strict=True)
+        ]
+        return FeatureLayout(rows, support, row_starts, all_rows, split)
 
     @staticmethod
     def support(layout):
@@ -758,10 +803,12 @@ class SamplingPosterior:
 
     Attributes
     ----------
-    loadings, loadings_t : CSR matrices of shape (n_collapsed, n_lone) and
-        its transpose
+    loadings : CSR matrix of shape (n_collapsed, n_lone)
         ``a_j`` of every lone feature in the row of its training token's
         collapsed variable.
+    lone_variable, lone_loading : ndarray of shape (n_lone,)
+        Every lone feature's collapsed variable and ``a_j`` (its one entry
+        of ``loadings``).
     lone_positions : ndarray of shape (n_original,) or None
         Every original column's position among the lone ones (the lookup
         table of :func:`~skgpstruct._sequences.column_positions`); None
@@ -780,7 +827,8 @@ class SamplingPosterior:
     """
 
     loadings: sp.csr_matrix
-    loadings_t: sp.csr_matrix
+    lone_variable: np.ndarray
+    lone_loading: np.ndarray
     lone_positions: np.ndarray | None
     lone_scales: np.ndarray
     inverse_lone_scales: np.ndarray
@@ -1006,6 +1054,10 @@ class CollapsedFeatures(InducingFeatures):
              self.token_values.indptr),
             shape=self.token_values.shape,
         )  # (n_collapsed, n_lone): a_j in the row of its training token
+        lone_variable = np.empty(lone.size, dtype=np.int64)
+        lone_variable[self.token_values.indices] = self._entry_variable
+        lone_loading = np.empty(lone.size)
+        lone_loading[self.token_values.indices] = loadings.data
         lone_prior = np.zeros(n + 1, dtype=bool)
         lone_prior[lone] = True
         columns = np.s_[..., n_kept : n_kept + n_collapsed]
@@ -1018,7 +1070,8 @@ class CollapsedFeatures(InducingFeatures):
             ))
         return SamplingPosterior(
             loadings=loadings,
-            loadings_t=loadings.T.tocsr(),
+            lone_variable=lone_variable,
+            lone_loading=lone_loading,
             lone_positions=(
                 None if 4 * n > COLUMN_LOOKUP_BYTES else column_positions(lone, n)
             ),
@@ -1041,26 +1094,101 @@ class CollapsedFeatures(InducingFeatures):
         Returns
         -------
         X_s : CSR matrix of shape (n_tokens, n_original + n_collapsed)
-            Canonical. The original columns, the lone ones shifted, then
-            one column per collapsed variable.
+            Canonical, without stored zeros. The original columns, the lone
+            ones shifted, then one column per collapsed variable.
+
+        Notes
+        -----
+        Written on the CSR arrays: the same matrix as the sparse algebra
+        ``[X - ((X_v @ A.T) @ A) / c, (X_v @ A.T) / sigma]`` (``X_v`` the
+        lone columns times their scales, ``A`` the loadings), summed in the
+        same order, which cost a one-sentence prediction a millisecond in
+        scipy's constructors. Every lone feature has one loading, in the
+        row of its variable: a token's ``a . v`` per variable is a sum over
+        its own lone entries, and its shifts are the variables' other lone
+        features.
         """
-        lone = self.lone
         X = canonical_csr(X)
-        # (a copy: scaled in place)
-        X_lone = select_columns(X, lone, posterior.lone_positions)
-        X_lone.data *= posterior.lone_scales[X_lone.indices]
-        a_dot_v = X_lone @ posterior.loadings_t  # (n_tokens, n_collapsed)
-        shift = canonical_csr(a_dot_v @ posterior.loadings)  # (n_tokens, n_lone)
-        # the lone columns in the original numbering (lone is increasing:
-        # still canonical, so that the difference below is too)
-        shift = sp.csr_matrix(
-            (shift.data * posterior.inverse_lone_scales[shift.indices],
-             lone[shift.indices], shift.indptr),
-            shape=X.shape,
+        n_tokens, n = X.shape
+        n_collapsed = self.n_collapsed
+        shape = (n_tokens, n + n_collapsed)
+        inside, position = entries_in_columns(X, self.lone, posterior.lone_positions)
+        token = np.repeat(np.arange(n_tokens, dtype=np.int64), np.diff(X.indptr))
+        lone_entries = np.flatnonzero(inside)
+        p = position[lone_entries]
+        # a . v per (token, variable), summed in the tokens' entry order, as
+        # a sparse product sums (from zero, one entry after the other); an
+        # exact zero is no entry.
+        weight = (X.data[lone_entries] * posterior.lone_scales[p]) * (
+            posterior.lone_loading[p]
         )
-        a_dot_v = canonical_csr(a_dot_v)
-        a_dot_v.data *= posterior.inverse_sigma[a_dot_v.indices]
-        return hstack_csr([canonical_csr(X - shift), a_dot_v])
+        pair, group = sorted_unique(
+            token[lone_entries] * n_collapsed + posterior.lone_variable[p],
+            return_inverse=True,
+        )
+        a_dot_v = np.bincount(group, weights=weight, minlength=pair.size)
+        nonzero = a_dot_v != 0
+        pair, a_dot_v = pair[nonzero], a_dot_v[nonzero]
+        pair_token, variable = np.divmod(pair, n_collapsed)
+        # Each variable's lone features are shifted by (a . v) a_j / c_j.
+        loadings = posterior.loadings
+        counts = np.diff(loadings.indptr)[variable]
+        starts = loadings.indptr[variable]
+        first = np.repeat(starts - np.cumsum(counts) + counts, counts)
+        entry = first + np.arange(first.size)
+        shift = np.repeat(a_dot_v, counts) * loadings.data[entry]
+        kept = shift != 0
+        lone_index = loadings.indices[entry[kept]]
+        shift = shift[kept] * posterior.inverse_lone_scales[lone_index]
+        # Every entry's key in the design: token * width + column.
+        width = n + n_collapsed
+        n_x = token.size
+        x_keys = token * width + X.indices[:n_x]
+        x_values = X.data[:n_x].copy()
+        shift_token = np.repeat(pair_token, counts)[kept]
+        shift_keys = shift_token * width + self.lone[lone_index]
+        # X minus the shifts (at an entry of X, or a new entry; one shift
+        # per token and feature), then the variables' columns (after a
+        # token's original ones).
+        at = np.searchsorted(x_keys, shift_keys)
+        within = at < n_x
+        matched = np.zeros(at.size, dtype=bool)
+        matched[within] = x_keys[at[within]] == shift_keys[within]
+        x_values[at[matched]] -= shift[matched]
+        extra_keys = np.concatenate(
+            [shift_keys[~matched], pair_token * width + n + variable]
+        )
+        extra_values = np.concatenate(
+            [-shift[~matched], a_dot_v * posterior.inverse_sigma[variable]]
+        )
+        # (a difference that is zero is no entry; a variable's value stays)
+        n_new = np.count_nonzero(~matched)
+        extra_kept = np.ones(extra_keys.size, dtype=bool)
+        extra_kept[:n_new] = extra_values[:n_new] != 0
+        order = np.argsort(extra_keys)
+        extra_keys, extra_values, extra_kept = (
+            extra_keys[order], extra_values[order], extra_kept[order]
+        )
+        # Both lists are sorted: merged by where each falls in the other.
+        n_all = n_x + extra_keys.size
+        keys = np.empty(n_all, dtype=np.int64)
+        values = np.empty(n_all)
+        keep = np.empty(n_all, dtype=bool)
+        x_at = np.arange(n_x) + np.searchsorted(extra_keys, x_keys)
+        extra_at = np.arange(extra_keys.size) + np.searchsorted(x_keys, extra_keys)
+        keys[x_at], values[x_at], keep[x_at] = x_keys, x_values, x_values != 0
+        keys[extra_at], values[extra_at], keep[extra_at] = (
+            extra_keys, extra_values, extra_kept
+        )
+        keys, values = keys[keep], values[keep]
+        indptr = np.searchsorted(keys, np.arange(n_tokens + 1) * width)
+        X_s = sp.csr_matrix(
+            (values, keys - np.repeat(np.arange(n_tokens), np.diff(indptr)) * width,
+             indptr),
+            shape=shape,
+        )
+        X_s.has_canonical_format = True
+        return X_s
 
     def _loadings(self, kernel):
         """``a_j = x_tj c_j / sigma_t`` of every lone entry (entry order)."""

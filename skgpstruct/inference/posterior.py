@@ -63,6 +63,16 @@ class VariationalParameters:
             return self.q_sqrt @ np.swapaxes(self.q_sqrt, -1, -2)
         return self.q_sqrt**2
 
+    def restricted(self, support):
+        """The parameters of the inducing variables ``support`` alone (a
+        compact chunk layout's), diagonal covariances only."""
+        if self.full_covariance:
+            raise ValueError("compact chunk layouts need diagonal covariances")
+        return VariationalParameters(
+            self.q_mu[:, :, support], self.q_sqrt[:, :, support],
+            self.weights, self.pairwise_mean, self.pairwise_std,
+        )
+
     def copy(self):
         return VariationalParameters(
             *(np.array(a, copy=True) for a in self.astuple())
