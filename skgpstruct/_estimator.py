@@ -381,10 +381,10 @@ class _DigestSeed(ISeedSequence):
     """A hash digest as a bit generator's seed: its words are the state.
 
     ``np.random.default_rng([seed, fingerprint])`` spent 35 us per sequence
-    (a SeedSequence mixing its entropy, then the generator), most of a
-    batch of short sentences' ``predict_marginals``; a keyed blake2b digest
-    of the sequence is already uniformly distributed, and PCG64 seeded with
-    its words costs 1.5 us.
+    (a SeedSequence mixing its entropy, then the generator), about a
+    seventh of ``predict_marginals`` on a Table 1 test fold of short
+    sentences; a keyed blake2b digest of the sequence is already uniformly
+    distributed, and PCG64 seeded with its words costs 1.5 us.
     """
 
     def __init__(self, digest):
@@ -392,6 +392,9 @@ class _DigestSeed(ISeedSequence):
 
     def generate_state(self, n_words, dtype=np.uint32):
         dtype = np.dtype(dtype)
+        if dtype not in (np.dtype(np.uint32), np.dtype(np.uint64)):
+            # (as SeedSequence.generate_state)
+            raise ValueError(f"only uint32 and uint64 are supported, got {dtype}")
         words = np.frombuffer(self.digest, dtype=dtype.newbyteorder("<"))
         if n_words > words.size:
             raise ValueError(
@@ -826,7 +829,8 @@ def _warn_rbf_kernel_object(X_all, kernel):
 def _check_potentials(unary, pairwise, offsets, X_c, kind):
     """Refuse, naming X, potentials the chain cannot take (not finite, or
     paths beyond the chain's magnitude limit): X far off the training
-    data's scale."""
+    data's scale. Returns them as the chain's kernels take them
+    (C-contiguous float64), so that the decoders need not check again."""
     # One pass: the largest magnitude is NaN or inf if any value is.
     unary_magnitude = np.abs(unary).max(initial=0.0)
     pairwise_magnitude = np.abs(pairwise).max(initial=0.0)
@@ -840,6 +844,10 @@ def _check_potentials(unary, pairwise, offsets, X_c, kind):
             f"{_largest_magnitude(X_c):.3g}); give features on the scale of "
             "the training data"
         )
+    return (
+        np.ascontiguousarray(unary, dtype=np.float64),
+        np.ascontiguousarray(pairwise, dtype=np.float64),
+    )
 
 
 #: Most training tokens the median-distance start of ``kernel="rbf"`` reads.
@@ -2462,7 +2470,8 @@ GroupedLinearKernel`: automatic relevance determination per group).
                 yield sl, None, offsets_from_lengths([0] * len(part))
                 continue
             if len(part) == 1:  # (checked: a float64 array or canonical CSR)
-                X_c, offsets = part[0], np.array([0, part[0].shape[0]])
+                X_c = part[0]
+                offsets = np.array([0, X_c.shape[0]], dtype=np.int64)
             else:
                 X_c, offsets = stack_sequences(part)
             # The fit's bound, checked once per chunk (by sequence it cost a
@@ -2567,12 +2576,12 @@ GroupedLinearKernel`: automatic relevance determination per group).
                         sampled, X_s_part, part_offsets, s1 - s0, rngs[n0:n1],
                         inducing, state, prior_part,
                     )
-                _check_potentials(
+                unary, pairwise_s = _check_potentials(
                     unary, pairwise[s0:s1], part_offsets, X_part, "sampled"
                 )
                 for k in range(K):
-                    _, m_k, _ = chain.forward_backward(
-                        unary[k], pairwise[s0:s1], part_offsets
+                    _, m_k, _ = chain._forward_backward(
+                        unary[k], pairwise_s, part_offsets, with_marginals=True
                     )
                     marg[t0:t1] += params.weights[k] * (m_k.sum(axis=0) / S)
                 del unary, m_k
@@ -2846,8 +2855,8 @@ GroupedLinearKernel`: automatic relevance determination per group).
                 continue
             with np.errstate(over="ignore", invalid="ignore"):  # refused below
                 unary = self._mean_potentials(X_c)
-            _check_potentials(unary, pairwise, offsets, X_c, "mean")
-            labels, _ = chain.viterbi(unary, pairwise, offsets)
+            unary, pairwise_c = _check_potentials(unary, pairwise, offsets, X_c, "mean")
+            labels, _ = chain._viterbi(unary, pairwise_c, offsets)
             for i, piece in zip(range(sl.start, sl.stop),
                                 split_by_offsets(labels, offsets), strict=True):
                 out[i] = self.classes_[piece]

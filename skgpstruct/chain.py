@@ -288,9 +288,12 @@ def viterbi(unary, pairwise, offsets):
     >>> scores
     array([4., 1.])
     """
-    unary, pairwise, offsets = _check_chain(
-        unary, pairwise, offsets, with_samples=False
-    )
+    return _viterbi(*_check_chain(unary, pairwise, offsets, with_samples=False))
+
+
+def _viterbi(unary, pairwise, offsets):
+    """Kernel call on validated arrays (:func:`viterbi`'s checks passed:
+    C-contiguous float64 potentials within the path limit, int64 offsets)."""
     n_tokens, n_labels = unary.shape
     longest = int(np.max(np.diff(offsets), initial=0))
     labels = np.zeros(n_tokens, dtype=np.int64)

@@ -1119,6 +1119,11 @@ def test_sequence_generators_are_pcg64_seeded_by_the_digest():
     assert state["state"] == ((inc + initstate) * multiplier + inc) % 2**128
     with pytest.raises(ValueError, match="holds 4 words"):
         _DigestSeed(digest).generate_state(5, np.uint64)
+    np.testing.assert_array_equal(
+        _DigestSeed(digest).generate_state(8), np.frombuffer(digest, dtype="<u4")
+    )
+    with pytest.raises(ValueError, match="only uint32 and uint64"):
+        _DigestSeed(digest).generate_state(2, np.int64)
 
 
 @pytest.mark.parametrize("train_sparse", [False, True], ids=["dense fit", "CSR fit"])
@@ -2927,13 +2932,13 @@ def record_decoded_potentials(monkeypatch):
     """A list that receives the (unary, pairwise) samples of every
     forward-backward call of predict_marginals, in call order."""
     decoded = []
-    forward_backward = estimator_module.chain.forward_backward
+    forward_backward = estimator_module.chain._forward_backward
 
-    def recorded(unary, pairwise, offsets):
+    def recorded(unary, pairwise, offsets, with_marginals):
         decoded.append((unary.copy(), pairwise.copy()))
-        return forward_backward(unary, pairwise, offsets)
+        return forward_backward(unary, pairwise, offsets, with_marginals)
 
-    monkeypatch.setattr(estimator_module.chain, "forward_backward", recorded)
+    monkeypatch.setattr(estimator_module.chain, "_forward_backward", recorded)
     return decoded
 
 
@@ -3015,6 +3020,35 @@ def test_blocks_of_samples_keep_the_unary_and_transition_pairs_together(
             np.testing.assert_allclose(
                 pairwise[0] + pairwise[1], 2 * pairwise_mean, atol=1e-12
             )
+
+
+def test_prediction_leaves_the_callers_sequences_unchanged(lone_data):
+    # A chunk of one sequence is that sequence's own matrix (not stacked, not
+    # sliced): nothing downstream may write into it. Dense, canonical CSR and
+    # CSR with unsorted columns and duplicates, one per call and in a batch.
+    X, y, X_test, y_test = lone_data
+    model = GPStructClassifier(**FAST).fit(X, y)
+    assert hasattr(model, "_collapsed")
+    x = X_test[0].tocsr()
+    messy = sp.csr_matrix(
+        (np.r_[x.data, 0.5], np.r_[x.indices[::-1], x.indices[0]],
+         np.r_[x.indptr[:-1], x.indptr[-1] + 1]), shape=x.shape,
+    )  # (every row's columns reversed, the last row with a duplicate)
+    assert not messy.has_canonical_format
+    for given in (x, messy, x.toarray()):
+        before = given.copy()
+        other = X_test[1] if sp.issparse(given) else X_test[1].toarray()
+        for batch in ([given], [given, other]):
+            model.predict(batch)
+            model.predict_marginals(batch)
+            model.score(batch, [y_test[0], y_test[1]][: len(batch)])
+        if sp.issparse(given):
+            for name in ("data", "indices", "indptr"):
+                np.testing.assert_array_equal(
+                    getattr(given, name), getattr(before, name)
+                )
+        else:
+            np.testing.assert_array_equal(given, before)
 
 
 def test_collapsed_sampling_design_without_its_lookup_table(lone_data, monkeypatch):

@@ -1656,6 +1656,7 @@ def _sampling_design_by_sparse_algebra(collapsed, X, posterior):
     X.sum_duplicates()
     lone = collapsed.lone
     X_v = X[:, lone] @ sp.diags(posterior.lone_scales)  # x_j c_j
+    X_v.sort_indices()  # (a product's rows come unsorted: summed in order)
     a_dot_v = X_v @ posterior.loadings.T
     shift = (a_dot_v @ posterior.loadings) @ sp.diags(posterior.inverse_lone_scales)
     to_original = sp.csr_matrix(
@@ -1674,7 +1675,9 @@ def test_collapsed_sampling_design_is_the_sparse_algebra(lookup):
     # sparse products, with test tokens holding two lone features of one
     # training token, lone features of two, one exactly cancelled (feature
     # 7, the only lone feature of its token: a = +-1, its shift is x), kept
-    # features only, nothing, a stored zero and entries given twice.
+    # features only, nothing, a stored zero and entries given twice; then
+    # tokens with three lone features of one training token, whose a . v
+    # depends on the order of its terms.
     # (the lone columns in reverse order: a token's variables then run
     # against their features' columns)
     order = np.r_[0:4, 11:3:-1, 12:14]
@@ -1717,6 +1720,18 @@ def test_collapsed_sampling_design_is_the_sparse_algebra(lookup):
     # a dense X is its sparse form
     dense = collapsed.sampling_design(X_test.toarray(), posterior)
     np.testing.assert_array_equal(dense.toarray(), X_s.toarray())
+    # token 0's lone features 4, 5 and 6 at magnitudes where rounding shows
+    values = rng.choice([-1.0, 1.0], size=(200, 3)) * 10.0 ** rng.uniform(
+        -3, 8, size=(200, 3)
+    )
+    X_three = sp.csr_matrix(
+        (values.ravel(), np.tile([4, 5, 6], 200), np.arange(0, 601, 3)),
+        shape=(200, 14),
+    )[:, order]
+    np.testing.assert_array_equal(
+        collapsed.sampling_design(X_three, posterior).toarray(),
+        _sampling_design_by_sparse_algebra(collapsed, X_three, posterior).toarray(),
+    )
 
 
 def test_nothing_to_collapse():
