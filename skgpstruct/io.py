@@ -17,6 +17,7 @@ import math
 import numbers
 import os
 import re
+import warnings
 
 import numpy as np
 
@@ -60,6 +61,14 @@ def read_conll(source, encoding="utf-8"):
         encoding; if ``source`` is a directory.
     FileNotFoundError
         If ``source`` is a path that does not exist.
+
+    Warns
+    -----
+    UserWarning
+        If a line other than the first starts with U+FEFF, a byte-order mark
+        inside the file (as where files with marks were concatenated): it is
+        kept as part of that line's first value, which the warning names
+        the line of. A mark at the start of the file is dropped.
 
     See Also
     --------
@@ -132,6 +141,12 @@ def parse_conll(text, *, source="<string>"):
     ValueError
         If the text holds no token or if lines have different numbers of
         columns (the message names the line).
+
+    Warns
+    -----
+    UserWarning
+        If a line other than the first starts with U+FEFF (see
+        :func:`read_conll`).
 
     Examples
     --------
@@ -208,8 +223,11 @@ def _parse(text, name):
     seq_tokens, seq_labels = [], []
     n_columns = None
     first_line = None
+    marked_lines = []  # lines after the first that start with U+FEFF
     for line_number, line in enumerate(_text_lines(text), start=1):
         line = line.strip(_BLANKS)
+        if line_number > 1 and line.startswith("\ufeff"):
+            marked_lines.append(line_number)
         if not line:
             if seq_labels:
                 tokens.append(seq_tokens)
@@ -236,6 +254,18 @@ def _parse(text, name):
             f"{name}: the file is empty (no token line); expected one token "
             "per line with the label in the last column, and blank lines "
             "between sequences"
+        )
+    if marked_lines:
+        more = len(marked_lines) - 1
+        warnings.warn(
+            f"{name}, line {marked_lines[0]}"
+            + (f" (and {more} more line{'s' * (more > 1)})" if more else "")
+            + ": starts with U+FEFF, a byte-order mark inside the file (as "
+            "where files were concatenated); it is kept as part of the "
+            "line's first value: remove it from the file, or read the files "
+            "one by one",
+            UserWarning,
+            stacklevel=3,
         )
     return tokens, labels
 

@@ -277,3 +277,24 @@ def test_byte_order_mark_and_lone_carriage_returns(tmp_path):
     assert read_conll(path) == expected
     with open(path, encoding="utf-8") as handle:  # text mode keeps the mark
         assert read_conll(handle) == expected
+
+
+def test_a_byte_order_mark_inside_the_file_is_kept_with_a_warning(tmp_path):
+    # Two files with byte-order marks concatenated: the second mark starts
+    # a line of the middle of the file. It is data there (U+FEFF may be a
+    # value's character: format_conll writes it), but silently it made an
+    # unseen feature of the token; the warning names the line.
+    part = "\ufeffHe PRP B-NP\nx Y O\n\n".encode()
+    path = tmp_path / "cat.data"
+    path.write_bytes(part + part + part)
+    with pytest.warns(UserWarning, match=r"cat\.data, line 4 \(and 1 more line\): "
+                      "starts with U\\+FEFF") as caught:
+        tokens, labels = read_conll(path)
+    assert caught[0].filename == __file__  # the caller's line
+    assert tokens[1][0] == ["\ufeffHe", "PRP"] and tokens[0][0] == ["He", "PRP"]
+    assert labels == [["B-NP", "O"]] * 3
+    with pytest.warns(UserWarning, match=r"line 2: starts with U\+FEFF"):
+        parse_conll("a O\n\ufeffb O\n")
+    text = format_conll([[["a"]], [["\ufeffc"]]], [["O"], ["O"]])
+    with pytest.warns(UserWarning, match="line 3"):
+        assert parse_conll(text) == ([[["a"]], [["\ufeffc"]]], [["O"], ["O"]])
