@@ -157,7 +157,8 @@ cdef void _backward_scaled(
     ``ex`` holds the forward pass's exp(U[t] - max U[t]) (T x V). ``alpha``
     (T rows) is overwritten with the token marginals; ``pair`` (V x V,
     zeroed by the caller) receives sum_t xi_t[i, j] / E[i, j], to be
-    multiplied by E once per sequence.
+    multiplied by E once per sequence; NULL when they are not wanted (an
+    outer product per token saved).
     """
     cdef Py_ssize_t t, i, j
     cdef double z, inv_z, ai
@@ -176,12 +177,13 @@ cdef void _backward_scaled(
         for i in range(V):
             z += a[i] * r[i]
         inv_z = 1.0 / z
-        for i in range(V):
-            ai = a[i] * inv_z
-            if ai != 0.0:
-                p_row = pair + i * V
-                for j in range(V):
-                    p_row[j] += ai * w[j]
+        if pair != NULL:
+            for i in range(V):
+                ai = a[i] * inv_z
+                if ai != 0.0:
+                    p_row = pair + i * V
+                    for j in range(V):
+                        p_row[j] += ai * w[j]
         for i in range(V):
             b[i] = r[i] * inv_z
             a[i] = min(a[i] * b[i], 1.0)  # rounding could give 1 + ulp
@@ -238,7 +240,8 @@ cdef void _backward_log(
     double* alpha, double* pair, double* lb, double* w, double* lb_raw,
     double* log_s, double* e_buf,
 ) noexcept nogil:
-    """Log-space counterpart of ``_backward_scaled``; ``pair`` gets xi itself.
+    """Log-space counterpart of ``_backward_scaled``; ``pair`` gets xi itself
+    (or is NULL).
 
     Every exponent is formed as a difference that is <= 0 in floating point
     (``w[i] - norm``, ``norm`` being the log-sum-exp of ``w``), never as a sum
@@ -281,7 +284,7 @@ cdef void _backward_log(
         for i in range(V):
             w[i] = a[i] + lb_raw[i]
         norm = _log_sum_exp(w, V)
-        for i in range(V):
+        for i in range(V if pair != NULL else 0):
             # alpha_i exp(m_i) / Z = exp(w_i - norm - log s_i)
             f = exp(w[i] - norm - log_s[i])
             if f != 0.0:
@@ -307,9 +310,11 @@ def forward_backward(
     double[:, :, ::1] marginals,
     double[:, :, :, ::1] pair_marginals,
     bint with_marginals,
+    bint with_pairs=True,
 ):
     """Fill ``log_z`` (S, n_seq) and, if ``with_marginals``, ``marginals``
-    (S, n_tokens, V) and ``pair_marginals`` (S, n_seq, V, V, zero-filled).
+    (S, n_tokens, V) and, if ``with_pairs`` too, ``pair_marginals`` (S,
+    n_seq, V, V, zero-filled; not read otherwise).
 
     Returns the number of samples that used the log-space recursion.
     """
@@ -380,11 +385,12 @@ def forward_backward(
                     log_z[s, n] = _forward_log(U, ET, V, T, alpha, stride, v0)
                 if not with_marginals:
                     continue
-                pair = &pair_marginals[s, n, 0, 0]
+                pair = &pair_marginals[s, n, 0, 0] if with_pairs else NULL
                 if scaled:
                     _backward_scaled(ex, E, ET, V, T, alpha, pair, v0, v1, v2)
-                    for i in range(V * V):
-                        pair[i] *= E[i]
+                    if with_pairs:
+                        for i in range(V * V):
+                            pair[i] *= E[i]
                 else:
                     _backward_log(
                         U, P, V, T, alpha, pair, v0, v1, v2, v3, e_buf)

@@ -2581,7 +2581,8 @@ GroupedLinearKernel`: automatic relevance determination per group).
                 )
                 for k in range(K):
                     _, m_k, _ = chain._forward_backward(
-                        unary[k], pairwise_s, part_offsets, with_marginals=True
+                        unary[k], pairwise_s, part_offsets, with_marginals=True,
+                        with_pairs=False,
                     )
                     marg[t0:t1] += params.weights[k] * (m_k.sum(axis=0) / S)
                 del unary, m_k

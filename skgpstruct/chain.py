@@ -127,23 +127,30 @@ def _check_labels(labels, n_tokens, n_labels):
     return np.ascontiguousarray(labels, dtype=np.int64)
 
 
-def _forward_backward(unary, pairwise, offsets, with_marginals):
-    """Kernel call on validated arrays; marginals are None when not wanted."""
+def _forward_backward(unary, pairwise, offsets, with_marginals, with_pairs=True):
+    """Kernel call on validated arrays; marginals (or the pair marginals,
+    ``with_pairs=False``) are None when not wanted."""
     n_samples, n_tokens, n_labels = unary.shape
     n_seq = offsets.shape[0] - 1
     log_z = np.zeros((n_samples, n_seq))
-    if with_marginals:
-        marginals = np.empty((n_samples, n_tokens, n_labels))
-        pair_marginals = np.zeros((n_samples, n_seq, n_labels, n_labels))
-    else:
-        marginals = np.empty((0, 0, 0))
-        pair_marginals = np.empty((0, 0, 0, 0))
-    _chain.forward_backward(
-        unary, pairwise, offsets, log_z, marginals, pair_marginals, with_marginals
+    with_pairs = with_pairs and with_marginals
+    marginals = (
+        np.empty((n_samples, n_tokens, n_labels)) if with_marginals
+        else np.empty((0, 0, 0))
     )
-    if not with_marginals:
-        return log_z, None, None
-    return log_z, marginals, pair_marginals
+    pair_marginals = (
+        np.zeros((n_samples, n_seq, n_labels, n_labels)) if with_pairs
+        else np.empty((0, 0, 0, 0))
+    )
+    _chain.forward_backward(
+        unary, pairwise, offsets, log_z, marginals, pair_marginals,
+        with_marginals, with_pairs,
+    )
+    return (
+        log_z,
+        marginals if with_marginals else None,
+        pair_marginals if with_pairs else None,
+    )
 
 
 def _log_likelihood_unchecked(unary, pairwise, offsets, labels, return_gradient):

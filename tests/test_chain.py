@@ -241,6 +241,32 @@ def test_marginals_never_exceed_one():
     assert 0.0 <= marginals.min() and marginals.max() <= 1.0
 
 
+def test_marginals_without_the_pair_marginals_are_the_same():
+    # predict_marginals discards the pair marginals: the kernel skips them
+    # (an outer product per token) and the rest is untouched, in both
+    # recursions (the second sample's transitions span more than 300).
+    from skgpstruct import _chain
+
+    rng = np.random.default_rng(5)
+    offsets = _offsets([6, 0, 17, 1, 30])
+    V = 7
+    unary = rng.standard_normal((2, offsets[-1], V)) * 3
+    pairwise = rng.standard_normal((2, V, V)) * np.array([1.0, 400.0])[:, None, None]
+    log_z = np.zeros((2, 5))
+    marginals = np.empty((2, offsets[-1], V))
+    n_log_space = _chain.forward_backward(
+        unary, pairwise, offsets, log_z, marginals, np.empty((0, 0, 0, 0)),
+        True, False,
+    )
+    assert n_log_space == 1
+    expected = chain.forward_backward(unary, pairwise, offsets)
+    np.testing.assert_array_equal(log_z, expected[0])
+    np.testing.assert_array_equal(marginals, expected[1])
+    got = chain._forward_backward(unary, pairwise, offsets, True, with_pairs=False)
+    assert got[2] is None
+    np.testing.assert_array_equal(got[1], expected[1])
+
+
 @pytest.mark.parametrize("n_labels", [12, 17])
 def test_many_labels_and_sequences_match_reference(n_labels):
     # V and layouts beyond the brute-force range, both recursions; an even

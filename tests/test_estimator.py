@@ -2934,9 +2934,9 @@ def record_decoded_potentials(monkeypatch):
     decoded = []
     forward_backward = estimator_module.chain._forward_backward
 
-    def recorded(unary, pairwise, offsets, with_marginals):
+    def recorded(unary, pairwise, offsets, with_marginals, with_pairs=True):
         decoded.append((unary.copy(), pairwise.copy()))
-        return forward_backward(unary, pairwise, offsets, with_marginals)
+        return forward_backward(unary, pairwise, offsets, with_marginals, with_pairs)
 
     monkeypatch.setattr(estimator_module.chain, "_forward_backward", recorded)
     return decoded
