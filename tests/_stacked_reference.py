@@ -85,6 +85,28 @@ def backward(sparse, c, sd, token_sd, eps, xi, g):
     return np.asarray(d_cm), np.asarray(d_cs)
 
 
+def row_split(U, rows):
+    """The arrays of a :class:`~skgpstruct.inference.inducing.RowSplit` of
+    ``U`` (rows x tokens, CSR) by scipy's conversions: a row with one
+    entry is lone, the others drawn; the entries token by token (CSC, rows
+    sorted) and the drawn rows' entries row by row (``U[drawn]``)."""
+    U = sp.csr_matrix(U, copy=True)
+    U.sum_duplicates()
+    rows = np.asarray(rows, dtype=np.int64)
+    drawn = np.flatnonzero(np.diff(U.indptr) != 1)
+    position = np.full(U.shape[0], -1)
+    position[drawn] = np.arange(drawn.size)
+    by_token = U.tocsc()
+    by_token.sort_indices()
+    U_drawn = U[drawn]
+    return {
+        "drawn": drawn, "drawn_rows": rows[drawn], "indptr": by_token.indptr,
+        "inducing": rows[by_token.indices], "value": by_token.data,
+        "entry_drawn": position[by_token.indices], "row_indptr": U_drawn.indptr,
+        "row_token": U_drawn.indices, "row_value": U_drawn.data,
+    }
+
+
 def layout_by_sequence(n_features, X, offsets, compact):
     """``(rows, support, row_starts, U)`` of a chunk, one sequence at a time.
 
