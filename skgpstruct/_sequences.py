@@ -66,27 +66,18 @@ def canonical_csr(X, dtype=np.float64):
     return X
 
 
-def sorted_unique(values, return_inverse=False):
-    """``np.unique`` of a 1-D integer array, by one sort.
+def sorted_unique(values):
+    """``np.unique`` of a 1-D integer array, by one sort and a comparison.
 
-    The same arrays (the inverse as ``intp``), faster on the short arrays a
-    prediction call makes: numpy 2.4's ``np.unique`` took 65 us on 500
-    integers, a sort and a comparison take 13 us.
+    The same array, faster on the short arrays a prediction call makes:
+    on 500 integers numpy 2.4's ``np.unique`` took 41 to 42 us on this
+    project's machine, this 8 us (with ``return_inverse`` both took about
+    28 us: call ``np.unique`` for the inverse).
     """
-    values = np.asarray(values)
-    if return_inverse:
-        order = np.argsort(values)
-        ordered = values[order]
-    else:
-        ordered = np.sort(values)
+    ordered = np.sort(values)
     first = np.ones(ordered.size, dtype=bool)
     np.not_equal(ordered[1:], ordered[:-1], out=first[1:])
-    unique = ordered[first]
-    if not return_inverse:
-        return unique
-    inverse = np.empty(values.size, dtype=np.intp)
-    inverse[order] = np.cumsum(first) - 1
-    return unique, inverse
+    return ordered[first]
 
 
 def column_positions(columns, n_columns):

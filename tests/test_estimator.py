@@ -31,7 +31,12 @@ from sklearn.utils.estimator_checks import (
 
 import skgpstruct._estimator as estimator_module
 from skgpstruct import GPStructClassifier, SequenceDictVectorizer
-from skgpstruct._sequences import chunk_slices, hstack_csr, stack_sequences
+from skgpstruct._sequences import (
+    chunk_slices,
+    hstack_csr,
+    sorted_unique,
+    stack_sequences,
+)
 from skgpstruct.datasets import make_sequences
 from skgpstruct.inference.inducing import InducingFeatures
 from skgpstruct.kernels import Kernel, LinearKernel, RBFKernel
@@ -715,6 +720,17 @@ def test_predict_marginals_sample_the_collapsed_posterior_that_was_fitted():
     np.testing.assert_allclose(
         unary[0].mean(axis=0), mean, atol=4 * np.sqrt(exact.max() / S)
     )
+
+
+@pytest.mark.parametrize("n", [0, 1, 2, 7, 500])
+def test_sorted_unique_is_numpy_s_unique(n):
+    # Empty, one value, repeats, int32 and int64.
+    rng = np.random.default_rng(n)
+    for dtype in (np.int32, np.int64):
+        values = rng.integers(-5, 40, n).astype(dtype)
+        got = sorted_unique(values)
+        assert got.dtype == dtype
+        np.testing.assert_array_equal(got, np.unique(values))
 
 
 def test_hstack_csr_is_scipy_s_hstack():

@@ -657,7 +657,7 @@ class InducingFeatures:
             np.arange(n_seq, dtype=np.int64), np.diff(offsets)
         )
         keys = sequence_of_token[token] * F + X.indices
-        pairs, pair_of_entry = sorted_unique(keys, return_inverse=True)
+        pairs, pair_of_entry = np.unique(keys, return_inverse=True)
         pair_sequence = pairs // F
         n_active = np.bincount(pair_sequence, minlength=n_seq)
         # Sequence n owns the stacked rows row_starts[n]:row_starts[n + 1]:
@@ -675,7 +675,7 @@ class InducingFeatures:
         support = None
         if compact:
             # The chunk's active features and the bias (the last variable).
-            features, local = sorted_unique(all_rows[pair_row], return_inverse=True)
+            features, local = np.unique(all_rows[pair_row], return_inverse=True)
             if features.size + 1 < self.n_inducing:
                 support = np.append(features, self.n_features)
                 all_rows[:] = features.size
@@ -1122,7 +1122,7 @@ class CollapsedFeatures(InducingFeatures):
         weight = (X.data[lone_entries] * posterior.lone_scales[p]) * (
             posterior.lone_loading[p]
         )
-        pair, group = sorted_unique(
+        pair, group = np.unique(
             token[lone_entries] * n_collapsed + posterior.lone_variable[p],
             return_inverse=True,
         )
