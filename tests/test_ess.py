@@ -437,6 +437,12 @@ def test_prediction_shapes_and_consistency():
 
     per_sample = posterior.sample_marginals(X_test, test_offsets)
     assert per_sample.shape == (S, 5, 2)
+    # Every kept sample's marginals: the chain of its conditional mean
+    # unaries and its transitions, by enumeration of the label sequences.
+    expected = chain_reference.brute_force(
+        unary, posterior.pairwise_samples, test_offsets
+    )[1]
+    np.testing.assert_allclose(per_sample, expected, rtol=1e-12, atol=1e-14)
     marginals = posterior.predict_marginals(X_test, test_offsets)
     assert marginals.shape == (5, 2)
     np.testing.assert_allclose(marginals.sum(axis=1), 1.0)

@@ -558,6 +558,17 @@ def _psd_root(cov):
     return vectors * np.sqrt(np.clip(eigenvalues, 0.0, None))
 
 
+def _token_marginals(unary, pairwise, offsets):
+    """:func:`skgpstruct.chain.forward_backward`'s token marginals (its
+    checks, clear messages), without the pair marginals prediction discards."""
+    unary, pairwise, offsets = chain._check_chain(
+        unary, pairwise, offsets, with_samples=True
+    )
+    return chain._forward_backward(
+        unary, pairwise, offsets, with_marginals=True, with_pairs=False
+    )[1]
+
+
 class ESSPosterior:
     """Kept samples of an ESS run, and prediction from them.
 
@@ -789,6 +800,5 @@ class ESSPosterior:
         blocks = self._unary_blocks(X, offsets, conditional, random_state)
         pairwise = self.pairwise_samples
         for t0, t1, local_offsets, unary in blocks:
-            _, marginals, _ = chain.forward_backward(unary, pairwise, local_offsets)
-            out[t0:t1] = marginals.mean(axis=0)
+            out[t0:t1] = _token_marginals(unary, pairwise, local_offsets).mean(axis=0)
         return out
