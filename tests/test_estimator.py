@@ -32,6 +32,8 @@ from sklearn.utils.estimator_checks import (
 import skgpstruct._estimator as estimator_module
 from skgpstruct import GPStructClassifier, SequenceDictVectorizer
 from skgpstruct._sequences import (
+    FEW_MATRICES,
+    check_sequence_features,
     chunk_slices,
     hstack_csr,
     sorted_unique,
@@ -1290,6 +1292,8 @@ def _malformed(kind):
         matrix.indices[0] = 10**8  # scipy's products read far out of bounds
     elif kind == "csr negative column":
         matrix.indices[0] = -1
+    elif kind == "csr column at the width":
+        matrix.indices[0] = N_FEATURES  # one past the last column
     elif kind == "csr row pointers":
         matrix.indptr[:] = [1, 0]
     elif kind == "csr decreasing row pointers":
@@ -1306,7 +1310,8 @@ def _malformed(kind):
     return matrix
 
 
-MALFORMED = ["csr column", "csr negative column", "csr row pointers",
+MALFORMED = ["csr column", "csr negative column", "csr column at the width",
+             "csr row pointers",
              "csr decreasing row pointers", "csr short row pointers",
              "csr pointers past the entries", "csc row", "coo column"]
 
@@ -1336,6 +1341,27 @@ def test_malformed_sparse_input_is_refused(data, kind, method):
     if method != "fit":
         assert len(getattr(model, method)([good])[0]) == 1
 
+
+
+@pytest.mark.parametrize("kind", MALFORMED)
+@pytest.mark.parametrize(
+    "n_sequences", [FEW_MATRICES, FEW_MATRICES + 1, 3 * FEW_MATRICES]
+)
+def test_malformed_sparse_sequence_is_named_among_many(kind, n_sequences):
+    # Up to FEW_MATRICES sequences are checked one by one, more all at once:
+    # either way the malformed one is refused and named, wherever it is.
+    good = [
+        sp.random(4, N_FEATURES, density=0.5, format="csr", random_state=i)
+        for i in range(n_sequences - 1)
+    ]
+    for position in (0, n_sequences // 2, n_sequences - 1):
+        X = good[:position] + [_malformed(kind)] + good[position:]
+        with pytest.raises(
+            ValueError, match=rf"X\[{position}\] is not a valid sparse matrix"
+        ):
+            check_sequence_features(X)
+    checked, is_sparse = check_sequence_features(good)
+    assert is_sparse and len(checked) == n_sequences - 1
 
 BAD_PARAMS = [
     ({"covariance": "foo"}, r"covariance must be one of \['full', 'diag'\]"),
