@@ -256,6 +256,25 @@ def test_pathwise_gradient_matches_finite_differences(kernel_name, K, full, feat
             )
 
 
+@pytest.mark.parametrize(
+    ("kernel_name", "options"),
+    [("rbf", {}), ("grouped", {"features": "collapsed", "design_columns": 55})],
+)
+def test_evaluation_at_a_point_seen_before_is_that_point(kernel_name, options):
+    # The objective keeps the last point's parameters (its buffer reused
+    # from point to point): going back to an earlier point, as a line
+    # search or the stochastic optimiser may, must not return the
+    # parameters of the point evaluated in between.
+    objective, _, x0 = _problem(kernel_name, n_features=40, **options)
+    points = [x0, x0 + 0.1, x0 - 0.05, x0, x0 + 0.1]
+    with Parallel(n_jobs=1) as parallel:
+        results = [objective.evaluate(x, parallel) for x in points]
+        for x, result in zip(points, results, strict=True):
+            fresh = _problem(kernel_name, n_features=40, **options)[0]
+            expected = fresh.evaluate(x, parallel)
+            assert result.elbo == expected.elbo
+            np.testing.assert_array_equal(result.gradient, expected.gradient)
+
 @pytest.mark.parametrize("features", ["compact", "collapsed"])
 def test_single_precision_samples_round_the_double_precision_ones(features):
     # The estimator's stacked form samples in single precision: the same
