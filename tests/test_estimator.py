@@ -2173,6 +2173,65 @@ def test_prediction_keeps_what_depends_on_the_posterior_alone(lone_data,
                                   np.concatenate(fresh.predict(X_test)))
 
 
+
+def _label_shift(model, label, size):
+    """A shift of ``q_mu_[k]``'s shape: ``size`` on every inducing variable
+    of ``label``, 0 elsewhere."""
+    shift = np.zeros(model.q_mu_.shape[1:])
+    shift[label] = size
+    return shift
+
+
+def _with_components(model, shifts, weights):
+    """A copy of a one-component model as a mixture of ``len(weights)``:
+    component ``k`` has the model's means plus ``shifts[k]`` and its
+    spreads."""
+    mixture = copy.deepcopy(model).set_params(n_components=len(weights))
+    mixture.q_mu_ = np.stack([model.q_mu_[0] + shift for shift in shifts])
+    mixture.q_sqrt_ = np.repeat(model.q_sqrt_, len(weights), axis=0)
+    mixture.weights_ = np.asarray(weights, dtype=np.float64)
+    return mixture
+
+
+def test_a_mixture_decodes_at_its_mean(fitted, data):
+    # predict decodes the posterior mean potentials: for a mixture, those of
+    # the weighted mean of its components' means. Components far apart
+    # whose weighted mean is the model's own means decode as the model.
+    _, _, X_test, _ = data
+    shift = _label_shift(fitted, 0, 3.0)
+    mixture = _with_components(fitted, [9.0 * shift, -shift], [0.1, 0.9])
+    expected = fitted.predict(X_test)
+    for a, b in zip(mixture.predict(X_test), expected, strict=True):
+        np.testing.assert_array_equal(a, b)
+    # Either component alone decodes otherwise: the check can fail.
+    first = _with_components(fitted, [9.0 * shift, -shift], [1.0, 0.0])
+    assert not np.array_equal(
+        np.concatenate(first.predict(X_test)), np.concatenate(expected)
+    )
+
+
+def test_a_mixture_marginals_weigh_its_components(fitted, data):
+    # predict_marginals of a mixture: its components' marginals averaged
+    # with the mixture weights (Monte Carlo estimates on both sides, so
+    # compared on their mean absolute difference).
+    _, _, X_test, _ = data
+    shift = _label_shift(fitted, 0, 2.0)
+    weights = [0.8, 0.2]
+    S = 256
+    mixture = _with_components(fitted, [shift, -shift], weights)
+    mixture.set_params(n_predict_samples=S)
+    per_component = []
+    for sign in (1.0, -1.0):
+        single = copy.deepcopy(fitted).set_params(n_predict_samples=S)
+        single.q_mu_ = fitted.q_mu_ + sign * shift
+        per_component.append(np.concatenate(single.predict_marginals(X_test)))
+    expected = weights[0] * per_component[0] + weights[1] * per_component[1]
+    got = np.concatenate(mixture.predict_marginals(X_test))
+    assert np.mean(np.abs(got - expected)) < 0.015  # 0.0056 when written
+    # Equal weights would be told apart: the components differ enough.
+    unweighted = 0.5 * (per_component[0] + per_component[1])
+    assert np.mean(np.abs(unweighted - expected)) > 0.05
+
 def test_models_pickled_before_inducing_columns_predict():
     # Inducing features pickled before they had columns cover every column.
     X, y, X_test, _ = split(sparse=True)
