@@ -30,7 +30,7 @@ from sklearn.utils.estimator_checks import (
 )
 
 import skgpstruct._estimator as estimator_module
-from skgpstruct import GPStructClassifier, SequenceDictVectorizer
+from skgpstruct import GPStructClassifier, SequenceDictVectorizer, chain
 from skgpstruct._sequences import (
     FEW_MATRICES,
     check_sequence_features,
@@ -2231,6 +2231,41 @@ def test_a_mixture_marginals_weigh_its_components(fitted, data):
     # Equal weights would be told apart: the components differ enough.
     unweighted = 0.5 * (per_component[0] + per_component[1])
     assert np.mean(np.abs(unweighted - expected)) > 0.05
+
+
+def test_marginals_average_over_the_transitions_spread(fitted, data):
+    # pairwise_uncertainty=True: the marginals averaged over transitions
+    # drawn from N(pairwise_mean_, pairwise_std_^2). Against the chain's
+    # forward-backward at the mean unaries, averaged here over 20,000 such
+    # draws, with the unaries' spread 1e-8 (weak unaries, so that the
+    # transitions count; a spread of 1.5, where its square would differ).
+    _, _, X_test, _ = data
+    model = copy.deepcopy(fitted)
+    model.q_mu_ = 0.05 * fitted.q_mu_
+    model.q_sqrt_ = np.full_like(fitted.q_sqrt_, 1e-8)
+    sd = 1.5
+    model.pairwise_std_ = np.full_like(fitted.pairwise_std_, sd)
+    model.set_params(pairwise_uncertainty=True, n_predict_samples=4096)
+    got = np.concatenate(model.predict_marginals(X_test))
+    X_c, offsets = stack_sequences(model._check_predict_input(X_test))
+    unary = model._mean_potentials(X_c)
+    rng = np.random.default_rng(0)
+
+    def averaged(scale, n_draws=20_000):
+        V = unary.shape[1]
+        draws = model.pairwise_mean_ + scale * rng.standard_normal((n_draws, V, V))
+        total = 0.0
+        for block in np.array_split(draws, 20):
+            stacked = np.broadcast_to(unary, (len(block),) + unary.shape)
+            total = total + chain.forward_backward(stacked, block, offsets)[1].sum(0)
+        return total / n_draws
+
+    expected = averaged(sd)
+    assert np.mean(np.abs(got - expected)) < 0.01  # 0.0023 when written
+    # The check can fail: other spreads give other marginals.
+    for other in (sd**2, 1.0):
+        assert np.mean(np.abs(averaged(other) - expected)) > 0.02
+
 
 def test_models_pickled_before_inducing_columns_predict():
     # Inducing features pickled before they had columns cover every column.
