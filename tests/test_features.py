@@ -61,6 +61,12 @@ def test_positions_outside_the_sequence():
     assert expand_crfpp_template("U:%x[3,0]", [["x"]]) == [["U:_B+3"]]
 
 
+def test_columns_of_several_digits():
+    sequence = [[f"w{t}"] + [f"c{t}.{j}" for j in range(1, 12)] for t in range(3)]
+    features = expand_crfpp_template("U0:%x[0,11]/%x[-1,10]", sequence)
+    assert features == [["U0:c0.11/_B-1"], ["U0:c1.11/c0.10"], ["U0:c2.11/c1.10"]]
+
+
 def test_lines_without_macros_comments_and_braces():
     template = "# comment\n\nU\nU9:{lit}%x[0,0]}\n  \nB\n"
     features = expand_crfpp_template(template, [["a"], ["b"]])
@@ -76,6 +82,8 @@ def test_lines_without_macros_comments_and_braces():
         ("U00:%x[+1,0]", "does not start a macro"),
         ("U00:%x[0,-1]", "does not start a macro"),
         ("# c\nU00:%x[9,0]", r"template line 2: .*row offset 9; CRF\+\+ accepts"),
+        ("U00:%x[10,0]", r"row offset 10; CRF\+\+ accepts"),
+        ("U00:%x[0,0]/%x[-12,0]", r"row offset -12; CRF\+\+ accepts"),
         ("B00:%x[a,0]", "template line 1"),
         ("X01:%x[0,0]", "if this is a file path, no such file"),
     ],
