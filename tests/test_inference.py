@@ -275,6 +275,22 @@ def test_evaluation_at_a_point_seen_before_is_that_point(kernel_name, options):
             assert result.elbo == expected.elbo
             np.testing.assert_array_equal(result.gradient, expected.gradient)
 
+@pytest.mark.parametrize("estimator", ["pathwise", "score"])
+def test_batch_objective_draws_the_transitions_from_its_noise(estimator):
+    # The batch objective's transitions are pairwise_mean + pairwise_std *
+    # its pairwise_noise, shared by every chunk: with that noise all zero
+    # the expected log-likelihood does not depend on pairwise_std.
+    objective, layout, x0 = _problem("rbf", estimator=estimator)
+    objective.pairwise_noise = np.zeros_like(objective.pairwise_noise)
+    sl = layout.slices["pairwise_log_std"]
+    ells = []
+    with Parallel(n_jobs=1) as parallel:
+        for log_std in (-3.0, 0.0, 1.0):
+            x = x0.copy()
+            x[sl] = log_std
+            ells.append(objective.evaluate(x, parallel).ell)
+    assert ells[0] == ells[1] == ells[2]
+
 @pytest.mark.parametrize("features", ["compact", "collapsed"])
 def test_single_precision_samples_round_the_double_precision_ones(features):
     # The estimator's stacked form samples in single precision: the same
