@@ -115,6 +115,10 @@ CONLLEVAL_CASES = [
     ([["B-X", "I-X"], ["B", "S"]], [["B-X", "I-X"], ["B", "S"]], 2, 2, 2),
     ([["B", "."], ["B"]], [["B", "."], ["O"]], 2, 1, 0),
     ([["B", "."], ["I", "O"]], [["B", "."], ["I", "O"]], 2, 2, 1),
+    # A typed "." neither ends the chunk before it nor starts one of its
+    # type (conlleval.pl: 1 true, 1 and 2 found, none correct).
+    ([["B-A", "I-A"]], [["B-A", ".-A"]], 1, 1, 0),
+    ([["B-A", "I-A", "I-A"]], [["B-A", ".-A", "B-B"]], 1, 2, 0),
 ]
 
 
