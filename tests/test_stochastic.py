@@ -99,6 +99,65 @@ def test_a_continued_saga_state_restarts_the_schedule_and_counts_its_steps(
     assert (first.state["t"], second.state["t"]) == (10, 20)
 
 
+class _FirstDirection(Exception):
+    """Raised by a recording Adam step: the first step's direction."""
+
+
+def test_saga_direction_is_unbiased_from_a_continued_state(monkeypatch):
+    # SAGA's direction for item i at x: the stored gradients re-read at x,
+    # plus the exact part, plus n (g_i(x) - stored_i(x)). Averaged over the
+    # items, each the first step from the same state, it is the full
+    # gradient at x. The state is a previous call's, whose stored records
+    # were taken at other points and map to the current x through exp(x),
+    # as the variational spreads' log parametrisation does: a continued
+    # call must re-read them at its start.
+    import skgpstruct.optim.saga as saga_module
+
+    rng = np.random.default_rng(0)
+    A = [rng.normal(size=(3, 4)) for _ in range(6)]
+    b = [rng.normal(size=3) for _ in range(6)]
+
+    def item(i, step, x):
+        r = A[i] @ np.exp(x) - b[i]
+        return -0.5 * r @ r, _Residual(i, r), -(A[i].T @ r) * np.exp(x)
+
+    def expand(record, x):
+        return -(A[record.i].T @ record.r) * np.exp(x)
+
+    def exact(x):
+        return -0.5 * x @ x, -x
+
+    first = maximize_saga(
+        item, expand, exact, np.zeros(4), 6, step_size=0.05, max_epochs=2,
+        tol=0.0, n_iter_no_change=10**6, rng=np.random.default_rng(1),
+    )
+    x = first.x
+    full = sum(item(i, 0, x)[2] for i in range(6)) + exact(x)[1]
+
+    def recording(x, m, v, direction, *args):
+        raise _FirstDirection(direction.copy())
+
+    monkeypatch.setattr(saga_module, "adam_ascent_step", recording)
+    directions, order = {}, []
+
+    def spy(i, step, x):
+        order.append(i)
+        return item(i, step, x)
+
+    for seed in range(200):  # until every item has been drawn first
+        order.clear()
+        with pytest.raises(_FirstDirection) as raised:
+            maximize_saga(
+                spy, expand, exact, x, 6, step_size=0.05, max_epochs=1,
+                rng=np.random.default_rng(seed), state=first.state,
+            )
+        directions.setdefault(order[0], raised.value.args[0])
+        if len(directions) == 6:
+            break
+    assert len(directions) == 6
+    mean = np.mean([directions[i] for i in range(6)], axis=0)
+    np.testing.assert_allclose(mean, full, rtol=1e-12, atol=1e-12)
+
 def _sparse_least_squares(n_items=6, n=10, seed=0):
     """Items whose residual reaches only a few coordinates each."""
     rng = np.random.default_rng(seed)
