@@ -193,6 +193,25 @@ def test_schemes_reject_foreign_tags(scheme):
         chunk_f1_score([["O"], ["O"]], [["O"], [foreign]], scheme=scheme)
 
 
+@pytest.mark.parametrize(
+    ("scheme", "y"),
+    [
+        (None, [["B-A", "I-A", "O", "I-A", "O", "B-A"]]),
+        ("iob1", [["I-A", "I-A", "O", "B-A", "O", "I-A"]]),
+        ("iob2", [["B-A", "I-A", "O", "B-A", "O", "B-A"]]),
+        ("ioe1", [["I-A", "O", "I-A", "E-A", "I-A", "O"]]),
+        ("ioe2", [["I-A", "E-A", "O", "E-A", "O", "E-A"]]),
+        ("iobes", [["B-A", "E-A", "O", "S-A", "O", "S-A"]]),
+    ],
+)
+def test_a_typed_outside_tag_is_outside(scheme, y):
+    # "O-A" is an outside tag as "O" is, before and after a chunk.
+    typed = [["O-A" if tag == "O" else tag for tag in s] for s in y]
+    expected = counts(y, y, scheme=scheme)
+    assert expected[0] == 1.0 and expected[3] >= 3
+    assert counts(y, typed, scheme=scheme) == expected
+    assert counts(typed, y, scheme=scheme) == expected
+
 def test_unknown_scheme():
     with pytest.raises(ValueError, match="scheme must be None .* got 'bio'"):
         chunk_f1_score([["O"]], [["O"]], scheme="bio")
