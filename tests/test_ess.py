@@ -456,6 +456,45 @@ def test_prediction_shapes_and_consistency():
         posterior.predict_unary(np.zeros((2, 3)))
 
 
+def test_prediction_in_blocks_of_sequences(monkeypatch):
+    # Test tokens are predicted a block of whole sequences at a time: with
+    # blocks of about 2 tokens, every kept sample's marginals are still the
+    # chain of its conditional mean unaries over the given sequences, by
+    # enumeration (zero-length sequences included).
+    posterior = run_small(0, n_iter=200, burn_in=100, thin=10)
+    X_test = np.linspace(-2.0, 2.0, 11)[:, None]
+    offsets = np.array([0, 3, 3, 5, 9, 11], dtype=np.int64)
+    unary = posterior.predict_unary(X_test)
+    expected = chain_reference.brute_force(
+        unary, posterior.pairwise_samples, offsets
+    )[1]
+    monkeypatch.setattr(ess, "_PREDICT_TOKENS", 2)
+    np.testing.assert_allclose(
+        posterior.sample_marginals(X_test, offsets), expected, rtol=1e-10,
+        atol=1e-12,
+    )
+    np.testing.assert_allclose(
+        posterior.predict_marginals(X_test, offsets), expected.mean(axis=0),
+        rtol=1e-10, atol=1e-12,
+    )
+
+
+def test_transitions_without_a_transition_keep_their_prior():
+    # Sequences of one token have no transition: the transitions' posterior
+    # is their prior, N(0, pairwise_prior_variance) entry by entry, and so
+    # is the spread of the kept samples (a chain's estimate: within 25 %).
+    rng = np.random.default_rng(0)
+    n_tokens, V = 8, 2
+    X = rng.normal(size=(n_tokens, 1))
+    labels = np.arange(n_tokens) % V
+    offsets = np.arange(n_tokens + 1)
+    for variance in (0.25, 4.0):
+        posterior = sample_posterior(
+            X, offsets, labels, RBFKernel(), V, pairwise_prior_variance=variance,
+            n_iter=6000, burn_in=1000, random_state=1,
+        )
+        assert 0.75 < posterior.pairwise_samples.var() / variance < 1.25
+
 def test_conditional_samples():
     X, offsets, labels, kernel = tiny_problem()
     posterior = run_small(0, n_iter=600, burn_in=100, thin=1)
