@@ -2302,6 +2302,35 @@ def test_marginals_far_from_the_data_are_the_priors(data):
         assert np.mean(np.abs(averaged(other) - expected)) > 0.02
 
 
+def test_mean_potentials_of_inducing_features_are_the_linear_model(data):
+    # With inducing features the posterior mean potentials are a linear
+    # model: f(x) = sum_j c_j m_j x_j + c_b m_b, with the kernel's feature
+    # scales c (k(x, x') = 0.5 (x.x' + 8): sqrt(0.5) per column, 2 for the
+    # bias) and the means m of the weights; predict is Viterbi on them.
+    X, y, X_test, _ = data
+    model = GPStructClassifier(
+        **FAST, kernel=LinearKernel(variance=0.5, bias=8.0),
+        learn_hyperparameters=False, inducing="features",
+    ).fit(X, y)
+    c = np.r_[np.full(N_FEATURES, np.sqrt(0.5)), 2.0]
+    np.testing.assert_allclose(model.kernel_.feature_scales(N_FEATURES), c)
+    m = np.einsum("k,kvm->vm", model.weights_, model.q_mu_)
+    assert m.shape == (N_CLASSES, N_FEATURES + 1)
+    # (features as given unless the model centres them)
+    mean = getattr(model, "feature_mean_", None)
+    X_c, offsets = stack_sequences(
+        [x if mean is None else x - mean for x in X_test]
+    )
+    expected = X_c @ (c[:-1, None] * m[:, :-1].T) + c[-1] * m[:, -1]
+    np.testing.assert_allclose(
+        model._mean_potentials(X_c), expected, rtol=1e-10, atol=1e-12
+    )
+    labels, _ = chain.viterbi(expected, model.pairwise_mean_, offsets)
+    np.testing.assert_array_equal(
+        np.concatenate(model.predict(X_test)), model.classes_[labels]
+    )
+
+
 def test_models_pickled_before_inducing_columns_predict():
     # Inducing features pickled before they had columns cover every column.
     X, y, X_test, _ = split(sparse=True)

@@ -34,6 +34,7 @@ from skgpstruct.inference.inducing import (
     InducingPoints,
     RowSplit,
     distinct_rows,
+    select_inducing_points,
 )
 from skgpstruct.inference.posterior import (
     ParameterLayout,
@@ -172,6 +173,40 @@ def _problem(
     x0 = layout.pack(_random_params(rng, K, full, M=n_inducing), kernel.theta, 1.7)
     return objective, layout, x0
 
+
+class _RecordingGenerator:
+    """Draws the first point given; then the most probable point, keeping
+    the probabilities asked for."""
+
+    def __init__(self, first):
+        self.first, self.probabilities = first, []
+
+    def integers(self, n):
+        return self.first
+
+    def choice(self, n, p=None, **kwargs):
+        self.probabilities.append(np.array(p))
+        return int(np.argmax(p))
+
+
+def test_kmeans_plus_plus_draws_by_squared_kernel_distance():
+    # k-means++ in the kernel's feature space: the next point with
+    # probability proportional to its squared distance to the nearest chosen
+    # one, k(x, x) + k(c, c) - 2 k(x, c); RBF of unit variance and length
+    # scale: 2 - 2 exp(-d^2 / 2).
+    X = np.array([[0.0], [0.1], [3.0], [1.2]])
+    kernel = RBFKernel(variance=1.0, length_scale=1.0)
+    rng = _RecordingGenerator(first=0)
+    chosen = select_inducing_points(X, kernel, 3, "kmeans++", rng)
+    np.testing.assert_array_equal(chosen, [0, 2, 3])
+
+    def squared(centres):
+        d2 = np.min((X[:, 0, None] - X[None, centres, 0]) ** 2, axis=1)
+        return 2.0 - 2.0 * np.exp(-d2 / 2.0)
+
+    for p, centres in zip(rng.probabilities, ([0], [0, 2]), strict=True):
+        expected = squared(centres)
+        np.testing.assert_allclose(p, expected / expected.sum(), rtol=1e-12, atol=1e-15)
 
 class _FeatureMapOnly:
     """A kernel of another hierarchy: the two public feature-map methods only."""
