@@ -319,6 +319,23 @@ def test_memory_guard_refuses_before_allocating():
         )
 
 
+def test_memory_estimate_covers_the_kept_samples():
+    # Few tokens and many labels, where the kept transitions (V^2 each)
+    # outweigh the kept unaries (N V): the estimate of the memory beside
+    # the Gram matrix covers what the kept samples really take.
+    rng = np.random.default_rng(0)
+    N, V, n_iter = 6, 60, 400
+    X = rng.normal(size=(N, 2))
+    labels = np.arange(N) % V
+    offsets = np.array([0, 3, 6], dtype=np.int64)
+    posterior = sample_posterior(
+        X, offsets, labels, LinearKernel(), V, n_iter=n_iter, burn_in=0,
+        random_state=0,
+    )
+    kept = posterior.unary_samples.nbytes + posterior.pairwise_samples.nbytes
+    assert kept == 8 * n_iter * (N * V + V * V)
+    assert ess_memory_bytes(N, V, posterior.n_samples)[1] >= kept
+
 def test_default_limit_refuses_a_large_training_set():
     # 30,000 tokens: 14.4 GB of Gram matrix and factor, over 4 GiB.
     X = np.zeros((30_000, 1))
