@@ -1059,3 +1059,37 @@ def test_rbf_ard_diagonals_refuse_what_the_matrix_refuses():
         with pytest.raises(ValueError, match=r"\(ARD\) needs dense X"):
             method(sp.csr_matrix(X[:, :2]))
     np.testing.assert_array_equal(ard.diag(X[:, :2]), np.ones(4))
+
+
+def _with_duplicates(x):
+    """``x`` as a CSR matrix storing every entry as two halves (as a COO
+    build sums them): the same matrix for scipy, not in canonical form."""
+    c = sp.csr_matrix(np.asarray(x))
+    data, indices = [], []
+    for a, b in zip(c.indptr[:-1], c.indptr[1:], strict=True):
+        data.append(np.r_[c.data[a:b], c.data[a:b]] / 2)
+        indices.append(np.r_[c.indices[a:b], c.indices[a:b]])
+    indptr = np.r_[0, np.cumsum(2 * np.diff(c.indptr))]
+    out = sp.csr_matrix(
+        (np.concatenate(data), np.concatenate(indices), indptr), shape=c.shape
+    )
+    out.has_canonical_format = False
+    return out
+
+
+@pytest.mark.parametrize(
+    "kernel",
+    [LinearKernel(variance=0.7, bias=2.0), RBFKernel(length_scale=2.0),
+     GroupedLinearKernel([0, 0, 1, 1, 2, 2], variance=[0.5, 1.0, 2.0])],
+    ids=["linear", "rbf", "grouped"],
+)
+def test_sparse_inputs_with_duplicate_entries_are_their_sums(kernel):
+    # scipy reads duplicate entries of a CSR matrix as their sum: the
+    # kernel values are those of the dense matrix.
+    rng = np.random.default_rng(0)
+    X, Y = rng.normal(size=(5, 6)), rng.normal(size=(4, 6))
+    Xd, Yd = _with_duplicates(X), _with_duplicates(Y)
+    np.testing.assert_allclose(Xd.toarray(), X)
+    np.testing.assert_allclose(kernel.diag(Xd), kernel.diag(X), rtol=1e-12)
+    np.testing.assert_allclose(kernel(Xd), kernel(X), rtol=1e-12, atol=1e-14)
+    np.testing.assert_allclose(kernel(Xd, Yd), kernel(X, Y), rtol=1e-12, atol=1e-14)

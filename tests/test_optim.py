@@ -492,6 +492,31 @@ def test_a_step_that_gains_nothing_is_not_taken_as_convergence(x0):
     np.testing.assert_array_equal(rounds.x, x0)
 
 
+def test_rounds_return_the_start_with_the_highest_fresh_estimate():
+    # Each round's surrogate is the objective plus the round's own offset
+    # (a Monte Carlo estimate's error); they drift down after round 2. The
+    # point returned is the round start (or the last end, estimated afresh)
+    # whose fresh estimate is highest: round 2's start here, not round 0's.
+    offsets = [0.0, 3.0, 6.0, -4.0]
+    fresh = []
+
+    def make(round_index, x_start):
+        shift = offsets[min(round_index, len(offsets) - 1)]
+
+        def value_and_grad(x):
+            return -float((x[0] - 1.0) ** 2) + shift, np.array([-2.0 * (x[0] - 1.0)])
+
+        fresh.append((value_and_grad(x_start)[0], float(x_start[0])))
+        return value_and_grad
+
+    result = minimize_lbfgs_rounds(
+        make, np.array([-3.0]), round_size=1, max_iter=4, tol=1e-12
+    )
+    best_value, best_x = max(fresh)
+    assert [x for _, x in fresh][:3] != [best_x] * 3  # starts that differ
+    assert result.x[0] == best_x
+    assert result.value == best_value
+
 def test_each_round_evaluates_its_start_once_and_counts_iterations_only():
     # A round's start is needed for its fresh estimate and by its run: one
     # evaluation serves both (the score estimator's importance-weighted
