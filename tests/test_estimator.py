@@ -2331,6 +2331,49 @@ def test_mean_potentials_of_inducing_features_are_the_linear_model(data):
     )
 
 
+def test_sparse_columns_are_centred_when_active_at_more_than_half():
+    # Of sparse features, the columns active at more than half of the
+    # training tokens are centred: at 5 tokens of 10, not; at 6, yes.
+    rng = np.random.default_rng(0)
+    y = [rng.integers(0, 2, 5) for _ in range(2)]
+    dense = np.zeros((10, 3))
+    dense[:5, 0] = 1.0  # half of the tokens
+    dense[:6, 1] = 2.0  # more than half
+    dense[:, 2] = rng.normal(size=10)  # every token
+    X = [sp.csr_matrix(dense[:5]), sp.csr_matrix(dense[5:])]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", ConvergenceWarning)
+        model = GPStructClassifier(**{**FAST, "max_iter": 2}).fit(X, y)
+    np.testing.assert_allclose(
+        model.feature_mean_, [0.0, 1.2, dense[:, 2].mean()], rtol=1e-12
+    )
+
+
+def test_partial_fit_takes_classes_in_any_order(data):
+    # classes are a set: permuted or repeated, the model of the sorted ones.
+    X, y, X_test, _ = data
+    expected = GPStructClassifier(**FAST).partial_fit(X, y, classes=[0, 1, 2])
+    for classes in ([2, 0, 1], [1, 2, 0, 2]):
+        model = GPStructClassifier(**FAST).partial_fit(X, y, classes=classes)
+        np.testing.assert_array_equal(model.classes_, [0, 1, 2])
+        np.testing.assert_array_equal(model.q_mu_, expected.q_mu_)
+        for a, b in zip(model.predict(X_test), expected.predict(X_test), strict=True):
+            np.testing.assert_array_equal(a, b)
+
+
+@pytest.mark.parametrize("early_stopping", [False, True])
+@pytest.mark.parametrize("fraction", [0, 0.0, 1])
+def test_validation_fraction_is_checked_whatever_the_optimizer(
+    data, fraction, early_stopping
+):
+    # Checked as documented, in (0, 1), even where no split is made.
+    X, y, _, _ = data
+    with pytest.raises(ValueError, match=r"validation_fraction must be a number in"):
+        GPStructClassifier(
+            validation_fraction=fraction, early_stopping=early_stopping
+        ).fit(X, y)
+
+
 def test_models_pickled_before_inducing_columns_predict():
     # Inducing features pickled before they had columns cover every column.
     X, y, X_test, _ = split(sparse=True)

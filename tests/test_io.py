@@ -80,6 +80,23 @@ def test_parse_spaces_tabs_crlf_and_blank_lines():
     assert labels == [["B-NP", "B-VP"], ["B-NP", "O"]]
 
 
+def test_indented_lines_parse_as_unindented():
+    # Leading spaces and tabs separate nothing: no empty first column.
+    indented = "  He PRP B-NP\n\t reckons VBZ B-VP\n\n \tthe DT B-NP\n"
+    plain = "He PRP B-NP\nreckons VBZ B-VP\n\nthe DT B-NP\n"
+    assert parse_conll(indented) == parse_conll(plain)
+    assert parse_conll(indented)[0][0][0] == ["He", "PRP"]
+
+
+@pytest.mark.parametrize("value", ["", "a b", "a\tb", "a\rb", "a\nb", " a"])
+def test_format_refuses_values_the_format_would_split(value):
+    # Written, they would be read back as other columns or lines.
+    message = "is empty or contains whitespace"
+    with pytest.raises(ValueError, match=message):
+        format_conll([[[value, "NN"]]], [["O"]])
+    with pytest.raises(ValueError, match=message):
+        format_conll([[["a", "NN"]]], [[value]])
+
 def test_last_sequence_without_trailing_blank_line():
     tokens, labels = parse_conll("a B\nb I\n\nc O")
     assert labels == [["B", "I"], ["O"]]

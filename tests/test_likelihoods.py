@@ -701,6 +701,9 @@ def _batch(S=2, T=5, V=3):
         (np.zeros((2, 1)), r"log-likelihood of dtype float64 and shape \(2, 1\); "
          r"expected real numbers of shape \(2, 2\)"),
         (0, r"shape \(\); expected"),
+        # A comparison, not log-probabilities.
+        (np.zeros((2, 2)) > 1, r"log-likelihood of dtype bool and shape \(2, 2\); "
+         r"expected real numbers"),
         ([[0.0, 0.0], [0.0]], "not an array"),
         (np.full((2, 2), np.nan), r"returned nan for sequence 0 \(sample 0\)"),
         # Were accepted: +inf is never a log-probability, -inf makes the
@@ -712,7 +715,7 @@ def _batch(S=2, T=5, V=3):
          r"returned -inf for sequence 1 \(sample 0\)"),
         (np.zeros((2, 2), dtype=complex), "dtype complex128"),
     ],
-    ids=["shape", "scalar", "ragged", "NaN", "+inf", "-inf", "complex"],
+    ids=["shape", "scalar", "bool", "ragged", "NaN", "+inf", "-inf", "complex"],
 )
 def test_subclass_log_prob_output_is_checked(value, message):
     # It failed later with a reshape or attribute error from the engine.
