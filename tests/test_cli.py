@@ -688,6 +688,28 @@ def test_train_prints_the_template_warning_as_its_own(fold, tmp_path):
     assert "UserWarning" not in result.stderr
 
 
+@pytest.mark.parametrize(
+    ("gold", "predicted", "n_right", "found", "correct"),
+    [
+        # 29 of 100 tokens and chunks right: 0.29 * 100 is 28.999... in
+        # floating point.
+        (["B-A"] * 100, ["B-A"] * 29 + ["O"] * 71, 29, 29, 29),
+        # 22 chunks found, 15 correct: 15 / 22 * 22 is 14.999...
+        (["B-A", "O"] * 15 + ["O", "O"] * 7, ["B-A", "O"] * 22, 37, 22, 15),
+    ],
+)
+def test_conlleval_report_counts_are_the_labels_counts(
+    gold, predicted, n_right, found, correct
+):
+    # The report's counts are recovered from rates: they must be the counts
+    # themselves, taken here from the labels.
+    assert sum(g == p for g, p in zip(gold, predicted, strict=True)) == n_right
+    report = classification_report([gold], [predicted], output_dict=True)
+    lines = cli._conlleval_report(report, len(gold)).splitlines()
+    assert f"({n_right} of {len(gold)} tokens)" in lines[0]
+    assert f"found: {found} phrases; correct: {correct}." in lines[1]
+
+
 @needs_shared_data
 def test_evaluate_needs_a_gold_column(fold, trained, tmp_path):
     no_gold = tmp_path / "no_gold.data"
