@@ -174,6 +174,25 @@ def _problem(
     return objective, layout, x0
 
 
+def test_collapsed_features_ignore_stored_zeros():
+    # A stored zero is not an active feature: the same collapsed model as
+    # without it, here a zero stored in a lone column at a token that has no
+    # lone feature of its own.
+    X = sp.csr_matrix(np.array([
+        [1.0, 1, 0, 0, 0, 1], [0, 0, 1, 1, 0, 1], [0, 0, 0, 0, 1, 1],
+        [0, 0, 0, 0, 0, 1],
+    ]))
+    with_zero = sp.csr_matrix(
+        (np.r_[X.data, 0.0], np.r_[X.indices, 0], np.r_[X.indptr[:-1], X.nnz + 1]),
+        shape=X.shape,
+    )
+    with_zero.sort_indices()
+    assert with_zero.nnz == X.nnz + 1
+    expected, got = CollapsedFeatures.of(X), CollapsedFeatures.of(with_zero)
+    np.testing.assert_array_equal(got.tokens, expected.tokens)
+    kernel = LinearKernel()
+    np.testing.assert_array_equal(got.prepare(kernel), expected.prepare(kernel))
+
 class _RecordingGenerator:
     """Draws the first point given; then the most probable point, keeping
     the probabilities asked for."""
