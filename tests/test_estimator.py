@@ -2374,6 +2374,38 @@ def test_validation_fraction_is_checked_whatever_the_optimizer(
         ).fit(X, y)
 
 
+def test_a_lone_feature_predicts_with_its_marginal_posterior():
+    # Lone features (one training token each) are collapsed in the fit;
+    # q_mu_ and q_sqrt_ hold every original feature's marginal posterior. A
+    # test token holding only lone feature j has independent Gaussian
+    # unaries f_v = c_j u_vj + c_b u_vb, and one token's marginals are
+    # E[softmax(f)]: against 200,000 draws of that Gaussian here.
+    rng = np.random.default_rng(0)
+    n_seq, T, n_shared = 40, 5, 4
+    n_columns = n_shared + 2 * n_seq * T
+    X, y, column = [], [], n_shared
+    for _ in range(n_seq):
+        dense = np.zeros((T, n_columns))
+        for t in range(T):
+            dense[t, rng.integers(n_shared)] = 1.0
+            dense[t, column : column + 2] = 1.0  # two lone features a token
+            column += 2
+        X.append(sp.csr_matrix(dense))
+        y.append(rng.integers(2, size=T))
+    model = GPStructClassifier(
+        kernel=LinearKernel(variance=4.0, bias=0.25), learn_hyperparameters=False,
+        max_iter=200, random_state=0, n_predict_samples=8192,
+    ).fit(X, y)
+    j = n_shared  # a lone feature of the first training token
+    c = model.kernel_.feature_scales(n_columns)
+    mean = c[j] * model.q_mu_[0, :, j] + c[-1] * model.q_mu_[0, :, -1]
+    sd = np.hypot(c[j] * model.q_sqrt_[0, :, j], c[-1] * model.q_sqrt_[0, :, -1])
+    f = mean + sd * np.random.default_rng(1).standard_normal((200_000, mean.size))
+    expected = np.exp(f - logsumexp(f, axis=1, keepdims=True)).mean(axis=0)
+    x = sp.csr_matrix(([1.0], ([0], [j])), shape=(1, n_columns))
+    np.testing.assert_allclose(model.predict_marginals([x])[0][0], expected, atol=0.01)
+
+
 def test_models_pickled_before_inducing_columns_predict():
     # Inducing features pickled before they had columns cover every column.
     X, y, X_test, _ = split(sparse=True)
