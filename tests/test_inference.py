@@ -193,6 +193,21 @@ def test_collapsed_features_ignore_stored_zeros():
     kernel = LinearKernel()
     np.testing.assert_array_equal(got.prepare(kernel), expected.prepare(kernel))
 
+@pytest.mark.parametrize(
+    ("lengths", "budget", "expected"),
+    [
+        ([5, 5, 5], 10, [(0, 2), (2, 3)]),  # closed at exactly the budget
+        ([4, 5, 3, 9], 10, [(0, 3), (3, 4)]),
+        ([12, 0, 1], 10, [(0, 1), (1, 3)]),
+        ([0, 0], 1, [(0, 2)]),
+        ([], 3, []),
+    ],
+)
+def test_chunks_close_at_the_budget(lengths, budget, expected):
+    # A chunk is closed as soon as it holds at least the budget's tokens.
+    got = [(sl.start, sl.stop) for sl in chunk_slices(lengths, budget)]
+    assert got == expected
+
 class _RecordingGenerator:
     """Draws the first point given; then the most probable point, keeping
     the probabilities asked for."""

@@ -492,6 +492,29 @@ def test_a_step_that_gains_nothing_is_not_taken_as_convergence(x0):
     np.testing.assert_array_equal(rounds.x, x0)
 
 
+def test_stops_at_the_first_small_relative_change_with_its_floor_of_one():
+    # The rule: stop after the first iteration whose change of the objective
+    # is at most tol times max(|f_k|, |f_k+1|, 1). Values well below 1 here,
+    # where the floor of 1 decides (without it the run went on).
+    scale, tol = 1e-3, 1e-6
+
+    def value_and_grad(x):
+        return -scale * float(np.sum((x - 1.0) ** 2 * np.arange(1, 6))), (
+            -2.0 * scale * (x - 1.0) * np.arange(1, 6)
+        )
+
+    x0 = np.zeros(5)
+    result = minimize_lbfgs(value_and_grad, x0, tol=tol, max_iter=200)
+    assert result.converged and "RELATIVE REDUCTION" in result.message
+    values = [value_and_grad(x0)[0]] + list(result.history)
+    changes = [
+        abs(a - b) / max(abs(a), abs(b), 1.0)
+        for a, b in zip(values[:-1], values[1:], strict=True)
+    ]
+    assert changes[-1] <= tol
+    assert all(change > tol for change in changes[:-1])
+    assert all(abs(v) < 1 for v in values[-3:])
+
 def test_rounds_return_the_start_with_the_highest_fresh_estimate():
     # Each round's surrogate is the objective plus the round's own offset
     # (a Monte Carlo estimate's error); they drift down after round 2. The
