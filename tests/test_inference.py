@@ -208,6 +208,16 @@ def test_chunks_close_at_the_budget(lengths, budget, expected):
     got = [(sl.start, sl.stop) for sl in chunk_slices(lengths, budget)]
     assert got == expected
 
+@pytest.mark.parametrize(
+    "columns", [[1, 3, 3], [3, 1], [-1, 2], [2, 10], [[1, 2]]],
+    ids=["repeated", "decreasing", "negative", "at the width", "2-D"],
+)
+def test_inducing_columns_must_be_increasing_indices_of_the_design(columns):
+    with pytest.raises(ValueError, match="columns must be increasing column "
+                       "indices below n_features=10"):
+        InducingFeatures(10, columns=columns)
+    assert InducingFeatures(10, columns=[0, 3, 9]).n_features == 3
+
 class _RecordingGenerator:
     """Draws the first point given; then the most probable point, keeping
     the probabilities asked for."""
