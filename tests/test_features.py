@@ -363,6 +363,15 @@ def test_sequence_dict_vectorizer_refuses_a_nested_key_equal_to_a_flat_one():
     assert vec.get_feature_names_out().tolist() == ["w:lower=a", "w:upper=B"]
 
 
+def test_sequence_dict_vectorizer_without_columns_has_no_groups():
+    # Empty token dicts: no column, and no groups (None, as documented).
+    vectorizer = SequenceDictVectorizer().fit([[{}, {}], [{}]])
+    assert len(vectorizer.get_feature_names_out()) == 0
+    assert vectorizer.feature_groups_ is None
+    assert vectorizer.feature_group_names_ is None
+    assert [m.shape for m in vectorizer.transform([[{}, {}]])] == [(2, 0)]
+
+
 def test_sequence_dict_vectorizer_wraps_feature_hasher_and_clones():
     hasher = FeatureHasher(n_features=16)
     vec = SequenceDictVectorizer(hasher).fit(TOKEN_DICTS)
