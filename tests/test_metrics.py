@@ -429,6 +429,44 @@ def test_scorers_on_fitted_estimator():
         chunk_f1_score([["O"]], [["O"]], scheme=["iob2"])
 
 
+class _Predicts(BaseEstimator):
+    """An estimator whose predictions are given."""
+
+    def __init__(self, y_pred):
+        self.y_pred = y_pred
+
+    def fit(self, X, y):
+        return self
+
+    def predict(self, X):
+        return self.y_pred
+
+
+def test_every_scorer_is_its_metric_with_its_sign():
+    # Predictions where every metric differs from the others: each scorer
+    # gives its own metric's value (greater is better for all of them).
+    y_true = [["B-A", "I-A", "O", "B-B"], ["O", "B-A"], ["B-A", "O"]]
+    y_pred = [["B-A", "O", "B-B", "B-B"], ["O", "B-A"], ["B-A", "I-A"]]
+    expected = {
+        "token_accuracy": token_accuracy(y_true, y_pred),
+        "sequence_accuracy": sequence_accuracy(y_true, y_pred),
+        "chunk_f1": chunk_f1_score(y_true, y_pred),
+        "chunk_precision": chunk_precision_score(y_true, y_pred),
+        "chunk_recall": chunk_recall_score(y_true, y_pred),
+    }
+    assert len(set(expected.values())) == len(expected)
+    model = _Predicts(y_pred)
+    for name, value in expected.items():
+        assert SCORERS[name](model, None, y_true) == value, name
+        assert get_sequence_scorer(name)(model, None, y_true) == value, name
+    # Keyword arguments reach the metric: IOBES chunks differ from conlleval's.
+    y = [["S-PER", "B-PER", "E-PER", "B-PER", "E-PER"]]
+    pred = [["S-PER", "B-PER", "I-PER", "E-PER", "S-PER"]]
+    iobes = get_sequence_scorer("chunk_f1", scheme="iobes")(_Predicts(pred), None, y)
+    assert iobes == chunk_f1_score(y, pred, scheme="iobes")
+    assert iobes != chunk_f1_score(y, pred)
+
+
 def test_grid_search_over_template_pipeline():
     # cv must be a splitter: with an int, scikit-learn calls type_of_target
     # on y, which rejects lists of sequences for classifiers.
