@@ -620,6 +620,13 @@ def test_predict_marginals_are_distributions(data, fitted, n_components):
     # The most probable label is right most of the time on easy data.
     argmax = [model.classes_[m.argmax(axis=1)] for m in marginals]
     assert_clearly_better_than_chance(y_test, argmax)
+    # predict_proba is predict_marginals, columns in the order of classes_,
+    # in a Pipeline too.
+    for a, b in zip(model.predict_proba(X_test), marginals, strict=True):
+        np.testing.assert_array_equal(a, b)
+    pipeline = make_pipeline(FunctionTransformer(lambda X: X), model)
+    for a, b in zip(pipeline.predict_proba(X_test), marginals, strict=True):
+        np.testing.assert_array_equal(a, b)
 
 
 def test_stacked_prediction_samples_agree_with_the_per_row_draws(
