@@ -317,6 +317,25 @@ def test_yes_no_arguments_refuse_other_values():
     assert len(chain.log_likelihood(*args, return_gradient=np.True_)) == 3
 
 
+def test_report_counts_predicted_chunks_right_or_wrong():
+    # Counted by hand: PER 1 true, 2 predicted, 0 correct; LOC 0 true, 1
+    # predicted; 3 predicted in all.
+    report = classification_report(
+        [["B-PER", "O", "O"]], [["B-LOC", "B-PER", "B-PER"]], output_dict=True
+    )
+    assert (report["PER"]["support"], report["PER"]["predicted"]) == (1, 2)
+    assert (report["LOC"]["support"], report["LOC"]["predicted"]) == (0, 1)
+    assert report["micro avg"]["predicted"] == 3
+    assert report["micro avg"]["precision"] == 0.0
+
+
+@pytest.mark.parametrize("metric", [token_accuracy, classification_report])
+def test_token_metrics_refuse_labels_without_tokens(metric):
+    # (A ValueError that says so, not a division by zero.)
+    with pytest.raises(ValueError, match="no tokens"):
+        metric([[]], [[]])
+
+
 def test_classification_report_text_and_dict():
     y_true = [["B-PER", "I-PER", "O", "B-LOC"], ["B", "O"]]
     y_pred = [["B-PER", "I-PER", "O", "O"], ["B", "O"]]
