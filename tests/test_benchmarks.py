@@ -918,3 +918,24 @@ def test_bench_long_sequence_measures_both_gp_ways(bench_long_sequence, monkeypa
     assert bench_long_sequence._cell(
         {"seconds": 1.234, "peak_increment_mib": 56.7}
     ) == "1.23 / 57"
+
+
+def test_calibration_against_hand_counts(common):
+    # Four tokens, labels a / b, counted by hand. Top labels: a at 0.58
+    # (right) and a at 0.62 (wrong) fall in bins 5 and 6; b at 0.95 (right)
+    # and a at 0.91 with a true label the model does not know (wrong) in bin
+    # 9. ECE = 1/4 |1 - 0.58| + 1/4 |0 - 0.62| + 2/4 |1/2 - 0.93| = 0.475.
+    marginals = [np.array([[0.58, 0.42], [0.62, 0.38]]),
+                 np.array([[0.05, 0.95], [0.91, 0.09]])]
+    y_true = [["a", "b"], ["b", "c"]]
+    result = common.calibration(y_true, marginals, ["a", "b"])
+    assert result["ece"] == pytest.approx(0.25 * 0.42 + 0.25 * 0.62 + 0.5 * 0.43)
+    # NLL: the true label's probability, 1e-12 for a label not in classes.
+    expected_nll = -np.mean(np.log([0.58, 0.38, 0.95, 1e-12]))
+    assert result["nll"] == pytest.approx(expected_nll)
+
+
+def test_fold_split_takes_the_rest_of_the_row_as_test(common):
+    folds = np.array([[3, 0, 4, 1, 2], [1, 2, 3, 4, 0]])
+    train, test = common.fold_split(folds, 1, 2)
+    assert train.tolist() == [1, 2] and test.tolist() == [3, 4, 0]
