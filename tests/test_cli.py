@@ -1,6 +1,8 @@
 """The command line, run as a user runs it: ``python -m skgpstruct``."""
 
+import contextlib
 import errno
+import io
 import os
 import pickle
 import re
@@ -708,6 +710,40 @@ def test_conlleval_report_counts_are_the_labels_counts(
     lines = cli._conlleval_report(report, len(gold)).splitlines()
     assert f"({n_right} of {len(gold)} tokens)" in lines[0]
     assert f"found: {found} phrases; correct: {correct}." in lines[1]
+
+
+def _train_exit(arguments, tmp_path):
+    """main(["train", ...]) on three tiny sequences: (exit code, stderr)."""
+    template = tmp_path / "template"
+    template.write_text("U0:%x[0,0]\n")
+    data = tmp_path / "train.data"
+    # token a three times, b twice, c once
+    data.write_text("a X\nb Y\n\na X\nc Y\n\na X\nb Y\n")
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err), contextlib.redirect_stdout(io.StringIO()):
+        try:
+            code = main(["train", "-q", "--max-iter", "5", "--n-inducing", "2",
+                         "-t", str(template), *arguments, str(data),
+                         str(tmp_path / "model.skgp")])
+        except SystemExit as exc:
+            code = exc.code
+    return code, err.getvalue()
+
+
+def test_train_min_count_reaches_the_template_features(tmp_path):
+    # --min-count 2 keeps the features of a (3 times) and b (2), not c (1);
+    # --min-count 4 keeps none, which is refused.
+    code, _ = _train_exit(["--min-count", "2"], tmp_path)
+    assert code == 0
+    vocabulary = cli._load_model(tmp_path / "model.skgp")["pipeline"][0].vocabulary_
+    assert sorted(vocabulary) == ["U0:a", "U0:b"]
+    code, err = _train_exit(["--min-count", "4"], tmp_path)
+    assert code == 2 and err
+
+
+def test_train_refuses_a_negative_random_state(tmp_path):
+    code, err = _train_exit(["--random-state", "-1"], tmp_path)
+    assert code == 2 and "expected an integer >= 0" in err
 
 
 @needs_shared_data
