@@ -3367,3 +3367,34 @@ def test_prediction_checks_n_jobs(data, n_jobs):
         with pytest.raises(ValueError, match="n_jobs must be None or a non-zero "
                            "integer"):
             predict(X_test)
+
+
+def test_make_sequences_has_its_documented_properties():
+    X, y = make_sequences(
+        n_sequences=400, n_classes=3, n_features=4, length_range=(2, 4),
+        stickiness=0.8, random_state=0,
+    )
+    lengths = [len(labels) for labels in y]
+    assert set(lengths) == {2, 3, 4}  # the range is inclusive
+    assert all(x.shape == (len(labels), 4) for x, labels in zip(X, y, strict=True))
+    # The first labels take every class; a label repeats with probability
+    # stickiness + (1 - stickiness) / n_classes = 0.8667.
+    assert {labels[0] for labels in y} == {0, 1, 2}
+    pairs = np.concatenate([labels[1:] == labels[:-1] for labels in y])
+    assert abs(pairs.mean() - (0.8 + 0.2 / 3)) < 0.03
+    assert {len(labels) for labels in make_sequences(
+        n_sequences=5, length_range=(3, 3), random_state=0)[1]} == {3}
+    # Without noise a token's features are its label's: one row per label
+    # (to rounding: the product with the rotation may round by the block).
+    X, y = make_sequences(n_sequences=50, noise=0.0, stickiness=0.0, random_state=1)
+    assert len(np.unique(np.round(np.vstack(X), 10), axis=0)) == 3
+    # Sparse: one of each feature's two sign columns at every token, the
+    # sign of the dense feature of the same seed.
+    dense, _ = make_sequences(n_sequences=20, n_features=5, random_state=2)
+    sparse, _ = make_sequences(
+        n_sequences=20, n_features=5, sparse=True, random_state=2
+    )
+    for d, s in zip(dense, sparse, strict=True):
+        indicators = s.toarray()
+        np.testing.assert_array_equal(indicators[:, :5], d > 0)
+        np.testing.assert_array_equal(indicators[:, 5:], ~(d > 0))
