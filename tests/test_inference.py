@@ -25,7 +25,7 @@ from scipy import stats
 from scipy.special import logsumexp
 
 from skgpstruct import _stacked as stacked_kernels
-from skgpstruct._linalg import cholesky_backward, jitter_cholesky
+from skgpstruct._linalg import CholeskyError, cholesky_backward, jitter_cholesky
 from skgpstruct._sequences import chunk_slices, stack_sequences
 from skgpstruct.inference.elbo import SparseELBO
 from skgpstruct.inference.inducing import (
@@ -217,6 +217,26 @@ def test_inducing_columns_must_be_increasing_indices_of_the_design(columns):
                        "indices below n_features=10"):
         InducingFeatures(10, columns=columns)
     assert InducingFeatures(10, columns=[0, 3, 9]).n_features == 3
+
+def test_jitter_cholesky_adds_tenfold_jitter_scaled_by_the_diagonal():
+    # A matrix with a slightly negative eigenvalue: the jitter grows tenfold
+    # from 1e-10 times the mean diagonal until the factor exists, and the
+    # factor is that of the jittered matrix.
+    for scale in (1.0, 1e6):
+        matrix = scale * np.diag([1.0, 1.0, -1e-7])
+        lower, jitter = jitter_cholesky(matrix)
+        steps = np.log10(jitter / (1e-10 * np.mean(np.abs(np.diag(matrix)))))
+        assert steps == pytest.approx(round(steps)) and 0 < round(steps) < 8
+        np.testing.assert_allclose(
+            lower @ lower.T, matrix + jitter * np.eye(3), rtol=1e-12,
+            atol=1e-12 * scale,
+        )
+        assert np.linalg.eigvalsh(matrix + jitter * np.eye(3)).min() > 0
+    for bad in (np.nan, np.inf):
+        matrix = np.eye(3)
+        matrix[2, 0] = matrix[0, 2] = bad
+        with pytest.raises(CholeskyError, match="NaN or infinite"):
+            jitter_cholesky(matrix)
 
 class _RecordingGenerator:
     """Draws the first point given; then the most probable point, keeping

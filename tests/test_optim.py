@@ -37,6 +37,11 @@ def test_same_vector_compares_every_entry():
     assert same_vector(a[::2], a[::2].copy())
     assert not same_vector(a[::2], a[1::2])
     assert same_vector(np.arange(4), np.arange(4.0))
+    # differing at the last entry only, whatever the layout or dtype
+    for x in (a[::2], grid, np.arange(5)):
+        y = x.copy()
+        y.flat[-1] += 1
+        assert not same_vector(x, y)
 
 
 def test_bound_arrays_accepts_pairs_and_arrays():
