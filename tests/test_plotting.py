@@ -113,7 +113,17 @@ def test_marginals_from_estimator(fitted):
     # True labels are marked at their class row.
     rows = np.searchsorted(clf.classes_, y[1])
     np.testing.assert_array_equal(display.true_labels_.get_ydata(), rows)
+    np.testing.assert_array_equal(
+        display.true_labels_.get_xdata(), np.arange(len(rows))
+    )
     assert display.colorbar_ is not None
+    # Each cell's text is its probability, at (token, label).
+    texts = {(round(t.get_position()[0]), round(t.get_position()[1])): t.get_text()
+             for t in ax.texts}
+    assert len(texts) == expected.size
+    for (t, j), text in texts.items():
+        p = expected[t, j]
+        assert text == (f"{p:.2f}".lstrip("0") if p < 1 else "1"), (t, j)
 
 
 def test_marginals_unknown_true_label_is_not_marked_with_a_warning():
