@@ -185,6 +185,22 @@ def test_high_dimensional_sparse_indicators(rng):
     assert K[-1, 0] == 2.0  # identical rows: distance exactly zero
 
 
+def _with_duplicates(x):
+    """``x`` as a CSR matrix storing every entry as two halves (as a COO
+    build sums them): the same matrix for scipy, not in canonical form."""
+    c = sp.csr_matrix(x)
+    data, indices = [], []
+    for a, b in zip(c.indptr[:-1], c.indptr[1:], strict=True):
+        data.append(np.r_[c.data[a:b], c.data[a:b]] / 2)
+        indices.append(np.r_[c.indices[a:b], c.indices[a:b]])
+    indptr = np.r_[0, np.cumsum(2 * np.diff(c.indptr))]
+    out = sp.csr_matrix(
+        (np.concatenate(data), np.concatenate(indices), indptr), shape=c.shape
+    )
+    out.has_canonical_format = False
+    return out
+
+
 def test_sparse_input_formats_and_duplicates(rng):
     X = random_sparse(rng, 6, 5)
     dense = X.toarray()
@@ -198,20 +214,7 @@ def test_sparse_input_formats_and_duplicates(rng):
         kernel(X32), rbf_reference(dense32, dense32, 1.0, 1.0), rtol=1e-10
     )
     # Non-canonical CSR: entries split in duplicates that must be summed.
-    coo = X.tocoo()
-    halves = np.concatenate([coo.data / 2, coo.data / 2])
-    duplicated = sp.csr_matrix(
-        (
-            halves,
-            np.concatenate([coo.col, coo.col]),
-            np.concatenate([[0], np.cumsum(np.bincount(coo.row, minlength=6) * 2)]),
-        ),
-        shape=X.shape,
-    )
-    order = np.argsort(np.concatenate([coo.row, coo.row]), kind="stable")
-    duplicated.data = halves[order]
-    duplicated.indices = np.concatenate([coo.col, coo.col])[order]
-    duplicated.has_canonical_format = False
+    duplicated = _with_duplicates(X)
     np.testing.assert_allclose(duplicated.toarray(), dense)
     np.testing.assert_allclose(kernel(duplicated), expected, rtol=1e-10)
     np.testing.assert_allclose(kernel.diag(duplicated), 1.0)
@@ -1059,22 +1062,6 @@ def test_rbf_ard_diagonals_refuse_what_the_matrix_refuses():
         with pytest.raises(ValueError, match=r"\(ARD\) needs dense X"):
             method(sp.csr_matrix(X[:, :2]))
     np.testing.assert_array_equal(ard.diag(X[:, :2]), np.ones(4))
-
-
-def _with_duplicates(x):
-    """``x`` as a CSR matrix storing every entry as two halves (as a COO
-    build sums them): the same matrix for scipy, not in canonical form."""
-    c = sp.csr_matrix(np.asarray(x))
-    data, indices = [], []
-    for a, b in zip(c.indptr[:-1], c.indptr[1:], strict=True):
-        data.append(np.r_[c.data[a:b], c.data[a:b]] / 2)
-        indices.append(np.r_[c.indices[a:b], c.indices[a:b]])
-    indptr = np.r_[0, np.cumsum(2 * np.diff(c.indptr))]
-    out = sp.csr_matrix(
-        (np.concatenate(data), np.concatenate(indices), indptr), shape=c.shape
-    )
-    out.has_canonical_format = False
-    return out
 
 
 @pytest.mark.parametrize(
