@@ -218,6 +218,7 @@ def test_inducing_columns_must_be_increasing_indices_of_the_design(columns):
         InducingFeatures(10, columns=columns)
     assert InducingFeatures(10, columns=[0, 3, 9]).n_features == 3
 
+
 def test_jitter_cholesky_adds_tenfold_jitter_scaled_by_the_diagonal():
     # A matrix with a slightly negative eigenvalue: the jitter grows tenfold
     # from 1e-10 times the mean diagonal until the factor exists, and the
@@ -237,6 +238,37 @@ def test_jitter_cholesky_adds_tenfold_jitter_scaled_by_the_diagonal():
         matrix[2, 0] = matrix[0, 2] = bad
         with pytest.raises(CholeskyError, match="NaN or infinite"):
             jitter_cholesky(matrix)
+
+
+def test_cholesky_backward_matches_finite_differences_and_is_symmetric():
+    # f(A) = sum(W * chol(A)) over the factor's lower triangle. A symmetric
+    # step of A at (i, j) and (j, i) changes f by a_bar[i, j] + a_bar[j, i]
+    # (a_bar[i, i] on the diagonal): central differences. The gradient is
+    # returned symmetric, each off-diagonal pair carrying half the total,
+    # and the upper triangle of lower_bar is ignored.
+    rng = np.random.default_rng(4)
+    n = 5
+    root = rng.standard_normal((n, n))
+    matrix = root @ root.T + n * np.eye(n)
+    weights = np.tril(rng.standard_normal((n, n)))
+
+    def f(a):
+        return float(np.sum(weights * np.linalg.cholesky(a)))
+
+    lower = np.linalg.cholesky(matrix)
+    with_upper = weights + np.triu(rng.standard_normal((n, n)), 1)
+    a_bar = cholesky_backward(lower, with_upper)
+    np.testing.assert_array_equal(a_bar, a_bar.T)
+    np.testing.assert_array_equal(a_bar, cholesky_backward(lower, weights))
+    h = 1e-6
+    for i in range(n):
+        for j in range(i + 1):
+            step = np.zeros((n, n))
+            step[i, j] = step[j, i] = h
+            numeric = (f(matrix + step) - f(matrix - step)) / (2 * h)
+            analytic = a_bar[i, j] if i == j else a_bar[i, j] + a_bar[j, i]
+            assert analytic == pytest.approx(numeric, rel=1e-6, abs=1e-8)
+
 
 class _RecordingGenerator:
     """Draws the first point given; then the most probable point, keeping
