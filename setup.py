@@ -1,5 +1,5 @@
 """Build the compiled modules (chain, stacked potentials, whole vectors, the
-block cache).
+block cache, chunk layouts and collapsed sampling designs).
 
 The metadata is in pyproject.toml.
 """
@@ -25,6 +25,7 @@ extensions = [
         "skgpstruct._stacked",
         "skgpstruct._vectors",
         "skgpstruct._block_cache",
+        "skgpstruct._layout",
     )
 ]
 

@@ -608,6 +608,39 @@ def _sequence_blocks(X, offsets, n_features):
         )
 
 
+def _assert_layout_is_the_reference(n_features, X_chunk, offsets, compact):
+    """``chunk_layout``'s layout against the one built sequence by sequence
+    (rows, support, and the split of U, also through ``RowSplit.of``)."""
+    inducing = InducingFeatures(n_features)
+    layout = inducing.chunk_layout(X_chunk, offsets, compact=compact)
+    rows, support, row_starts, U = stacked_reference.layout_by_sequence(
+        n_features, X_chunk, offsets, compact
+    )
+    if support is not None:
+        np.testing.assert_array_equal(layout.support, support)
+    else:
+        assert layout.support is None
+    np.testing.assert_array_equal(layout.row_starts, row_starts)
+    assert len(layout.rows) == len(rows)
+    for a, b in zip(layout.rows, rows, strict=True):
+        np.testing.assert_array_equal(a, b)
+    np.testing.assert_array_equal(layout.stacked_rows, np.concatenate(rows))
+    n_space = inducing.n_inducing if support is None else support.size
+    expected = stacked_reference.row_split(U, np.concatenate(rows))
+    for name, value in expected.items():
+        np.testing.assert_array_equal(
+            getattr(layout.split, name), value.astype(np.float32)
+            if name.endswith("value") else value, err_msg=name,
+        )
+    # RowSplit.of, from a CSR U, gives the same split
+    of_U = RowSplit.of(U, np.concatenate(rows), n_space)
+    for name in expected:
+        np.testing.assert_array_equal(
+            getattr(of_U, name), getattr(layout.split, name), err_msg=name
+        )
+    return layout
+
+
 @pytest.mark.parametrize("compact", [False, True])
 @pytest.mark.parametrize("dense", [False, True])
 def test_chunk_layout_matches_the_sequence_by_sequence_construction(dense, compact):
@@ -638,33 +671,7 @@ def test_chunk_layout_matches_the_sequence_by_sequence_construction(dense, compa
             indptr.append(len(indices))
         X_chunk = sp.csr_matrix((data, indices, indptr), shape=X.shape)
         assert not X_chunk.has_canonical_format
-    inducing = InducingFeatures(n_features)
-    layout = inducing.chunk_layout(X_chunk, offsets, compact=compact)
-    rows, support, row_starts, U = stacked_reference.layout_by_sequence(
-        n_features, X_chunk, offsets, compact
-    )
-    if compact:
-        np.testing.assert_array_equal(layout.support, support)
-    else:
-        assert layout.support is None
-    np.testing.assert_array_equal(layout.row_starts, row_starts)
-    assert len(layout.rows) == len(rows)
-    for a, b in zip(layout.rows, rows, strict=True):
-        np.testing.assert_array_equal(a, b)
-    np.testing.assert_array_equal(layout.stacked_rows, np.concatenate(rows))
-    n_space = inducing.n_inducing if support is None else support.size
-    expected = stacked_reference.row_split(U, np.concatenate(rows))
-    for name, value in expected.items():
-        np.testing.assert_array_equal(
-            getattr(layout.split, name), value.astype(np.float32)
-            if name.endswith("value") else value, err_msg=name,
-        )
-    # RowSplit.of, from a CSR U, gives the same split
-    of_U = RowSplit.of(U, np.concatenate(rows), n_space)
-    for name in expected:
-        np.testing.assert_array_equal(
-            getattr(of_U, name), getattr(layout.split, name), err_msg=name
-        )
+    layout = _assert_layout_is_the_reference(n_features, X_chunk, offsets, compact)
     # The stored zero (token 9 of sequence 2, feature 7) is an entry of the
     # sparse chunk; feature 8 is active nowhere.
     rows_2 = layout.rows[2]
@@ -673,6 +680,80 @@ def test_chunk_layout_matches_the_sequence_by_sequence_construction(dense, compa
     assert (7 in rows_2) is not dense
     if compact:
         assert 8 not in layout.support
+
+
+@pytest.mark.parametrize("index_dtype", [np.int32, np.int64])
+def test_chunk_layouts_of_random_chunks_match_the_sequence_by_sequence_construction(
+    index_dtype,
+):
+    # Chunks of one to forty sequences (some empty, some of tokens without
+    # features), one to 3,000 features, sparse to dense, compact or not,
+    # the CSR's indices in 32 or 64 bits: the compiled layout (entries
+    # sorted by packed (sequence, feature) keys) is the reference's.
+    rng = np.random.default_rng(21)
+    for _ in range(24):
+        n_features = int(rng.choice([1, 3, 40, 3000]))
+        lengths = rng.integers(0, 12, size=int(rng.integers(1, 41)))
+        offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
+        T = int(offsets[-1])
+        density = rng.choice([0.0, 0.02, 0.3, 1.0])
+        X = sp.random(T, n_features, density=density, format="csr", random_state=rng,
+                      data_rvs=lambda k: rng.uniform(0.5, 2.0, k))
+        X.indices = X.indices.astype(index_dtype)
+        X.indptr = X.indptr.astype(index_dtype)
+        for compact in (False, True):
+            _assert_layout_is_the_reference(n_features, X, offsets, compact)
+
+
+def test_the_layout_module_sorts_keys_as_numpy_does():
+    # The introsort of the collapsed design's new entries (quicksort,
+    # insertion sort of short runs, heapsort past its depth: 0 for heapsort
+    # alone) on sorted, reversed, constant, organ-pipe, few-valued and
+    # random keys of 0 to 3,000 entries: NumPy's order of the keys, and
+    # every position once.
+    from skgpstruct._layout import _sorted_by_key
+
+    rng = np.random.default_rng(23)
+    for n in (0, 1, 2, 15, 16, 17, 100, 3000):
+        up = np.arange(n, dtype=np.int64)
+        for keys in (up, up[::-1].copy(), np.zeros(n, dtype=np.int64),
+                     np.minimum(up, n - up), rng.integers(0, 3, n),
+                     rng.integers(-(2**62), 2**62, n)):
+            for depth in (-1, 0, 2):
+                got, positions = _sorted_by_key(keys, depth)
+                np.testing.assert_array_equal(got, np.sort(keys))
+                np.testing.assert_array_equal(np.sort(positions), up)
+                np.testing.assert_array_equal(keys[positions], got)
+
+
+def test_layout_kernels_refuse_inconsistent_input():
+    # The compiled loops index their arrays unchecked: what would send them
+    # out of bounds stops before them, with the argument named.
+    from skgpstruct import _layout
+
+    X = sp.csr_matrix(np.eye(3))
+    offsets = np.array([0, 2, 3], dtype=np.int64)
+    with pytest.raises(ValueError, match="X has 3 columns; these inducing "
+                       "features take 4"):
+        InducingFeatures(4).chunk_layout(X, offsets)
+    for bad in ([0, 2, 4], [1, 2, 3]):
+        with pytest.raises(ValueError, match="offsets must run from 0 to the "
+                           "number of tokens"):
+            _layout.chunk_rows(X.indptr, X.indices, X.data,
+                               np.array(bad, dtype=np.int64), 3, 4, False)
+    # sort keys of (sequence, feature, entry) beyond 62 bits
+    with pytest.raises(ValueError, match="too large for its 64-bit sort keys"):
+        _layout.chunk_rows(X.indptr, X.indices, X.data, offsets, 2**61, 2**61 + 1,
+                           False)
+    with pytest.raises(ValueError, match="indptr must run from 0 to the number "
+                       "of entries"):
+        _layout.split_rows(np.array([0, 1, 3]), np.array([0, 1]), 2)
+    for entry_row in ([0, 2], [-1, 0]):
+        with pytest.raises(ValueError, match=r"entry_row must lie in \[0, 2\)"):
+            RowSplit.of_token_entries(
+                np.array([0, 1, 2]), np.array(entry_row), np.ones(2), 2,
+                np.array([0, 1]), 2,
+            )
 
 
 @pytest.mark.parametrize("dense", [False, True])
@@ -1841,6 +1922,19 @@ def _sampling_design_by_sparse_algebra(collapsed, X, posterior):
     )
 
 
+def _random_sampling_posterior(collapsed, kernel, rng, lookup):
+    """The sampling posterior of a random fitted posterior (two components,
+    three labels), without its lookup table unless ``lookup``."""
+    K, V, M = 2, 3, collapsed.n_inducing
+    fitted = rng.normal(size=(K, V, M)), rng.uniform(0.3, 1.5, size=(K, V, M))
+    expanded = collapsed.expand(*fitted, kernel)
+    scales = collapsed.original.prepare(kernel)
+    posterior = collapsed.sampling_posterior(scales, kernel, expanded, fitted)
+    if not lookup:
+        posterior = dataclasses.replace(posterior, lone_positions=None)
+    return posterior
+
+
 @pytest.mark.parametrize("lookup", [True, False])
 def test_collapsed_sampling_design_is_the_sparse_algebra(lookup):
     # Written on the CSR arrays: the same matrix, entry for entry, as the
@@ -1856,13 +1950,7 @@ def test_collapsed_sampling_design_is_the_sparse_algebra(lookup):
     X, _, kernel = _lone_feature_case()
     collapsed = CollapsedFeatures.of(X[:, order])
     rng = np.random.default_rng(3)
-    K, V, M = 2, 3, collapsed.n_inducing
-    fitted = rng.normal(size=(K, V, M)), rng.uniform(0.3, 1.5, size=(K, V, M))
-    expanded = collapsed.expand(*fitted, kernel)
-    scales = collapsed.original.prepare(kernel)
-    posterior = collapsed.sampling_posterior(scales, kernel, expanded, fitted)
-    if not lookup:
-        posterior = dataclasses.replace(posterior, lone_positions=None)
+    posterior = _random_sampling_posterior(collapsed, kernel, rng, lookup)
     entries = [
         [(0, 1.0), (4, 0.7), (5, -1.2), (12, 2.0)],  # token 0's: 4 and 5
         [(7, 1.3)],  # cancelled
@@ -1904,6 +1992,40 @@ def test_collapsed_sampling_design_is_the_sparse_algebra(lookup):
         collapsed.sampling_design(X_three, posterior).toarray(),
         _sampling_design_by_sparse_algebra(collapsed, X_three, posterior).toarray(),
     )
+
+
+@pytest.mark.parametrize("lookup", [True, False])
+def test_collapsed_sampling_design_of_random_tokens_is_the_sparse_algebra(lookup):
+    # 60 training tokens, each with two shared features and three to six
+    # lone ones; 400 test tokens drawing on all of them at random (several
+    # training tokens' lone features in one token, values over eleven
+    # decades): the compiled design, entry for entry, is the sparse algebra.
+    rng = np.random.default_rng(22)
+    shared, n_train = 5, 60
+    blocks = [rng.integers(3, 7) for _ in range(n_train)]
+    n_features = shared + sum(blocks)
+    X_train = np.zeros((n_train, n_features))
+    start = shared
+    for t, b in enumerate(blocks):
+        X_train[t, rng.choice(shared, 2, replace=False)] = 1.0
+        X_train[t, start : start + b] = rng.uniform(0.5, 2.0, b)
+        start += b
+    collapsed = CollapsedFeatures.of(sp.csr_matrix(X_train))
+    assert collapsed.n_collapsed == n_train
+    kernel = GroupedLinearKernel(
+        groups=np.arange(n_features) % 3, variance=[1.3, 0.4, 2.0], bias=0.7
+    )
+    posterior = _random_sampling_posterior(collapsed, kernel, rng, lookup)
+    mask = rng.random((400, n_features)) < 0.08
+    values = rng.choice([-1.0, 1.0], size=mask.shape) * 10.0 ** rng.uniform(
+        -3, 8, size=mask.shape
+    )
+    X_test = sp.csr_matrix(np.where(mask, values, 0.0))
+    expected = _sampling_design_by_sparse_algebra(collapsed, X_test, posterior)
+    X_s = collapsed.sampling_design(X_test, posterior)
+    assert X_s.has_canonical_format and X_s.data.all()
+    assert X_s.nnz == expected.nnz > X_test.nnz
+    np.testing.assert_array_equal(X_s.toarray(), expected.toarray())
 
 
 def test_nothing_to_collapse():

@@ -6,11 +6,11 @@ import numpy as np
 import scipy.sparse as sp
 from scipy import linalg
 
+from .._layout import chunk_rows, collapsed_design, split_rows
 from .._linalg import cholesky_backward, jitter_cholesky
 from .._sequences import (
     canonical_csr,
     column_positions,
-    entries_in_columns,
     select_columns,
     sorted_unique,
     without_stored_zeros,
@@ -34,6 +34,9 @@ __all__ = [
 #: of up to 2**24 columns (FeatureHasher's default is 2**20); wider ones
 #: select through a binary search per stored entry.
 COLUMN_LOOKUP_BYTES = 64 * 2**20
+#: Stands for the lookup table of a posterior without one (the compiled
+#: design then searches the lone columns).
+_NO_LOOKUP = np.empty(0, dtype=np.int32)
 
 
 def distinct_rows(X):
@@ -309,18 +312,11 @@ class RowSplit:
         if rows.size and not 0 <= rows.min() <= rows.max() < n_inducing:
             raise ValueError(f"rows must lie in [0, {n_inducing})")
         entry_row = np.asarray(entry_row, dtype=np.int64)
-        per_row = np.bincount(entry_row, minlength=n_rows)
-        drawn = np.flatnonzero(per_row != 1).astype(np.int64)
-        position = np.full(n_rows, -1, dtype=np.int32)
-        position[drawn] = np.arange(drawn.size, dtype=np.int32)
-        entry_drawn = position[entry_row]
-        # The drawn rows' entries row by row, each row's in token order (a
-        # stable sort keeps the token-by-token order within a row).
-        in_drawn = np.flatnonzero(entry_drawn >= 0)
-        by_row = in_drawn[np.argsort(entry_drawn[in_drawn], kind="stable")]
-        entry_token = np.repeat(np.arange(n_tokens, dtype=np.int32), np.diff(indptr))
-        row_indptr = np.zeros(drawn.size + 1, dtype=np.int64)
-        np.cumsum(per_row[drawn], out=row_indptr[1:])
+        if entry_row.size and not 0 <= entry_row.min() <= entry_row.max() < n_rows:
+            raise ValueError(f"entry_row must lie in [0, {n_rows})")
+        drawn, entry_drawn, row_indptr, by_row, entry_token = split_rows(
+            np.asarray(indptr, dtype=np.int64), entry_row, n_rows
+        )
         value = np.asarray(value)
         return cls(
             drawn,
@@ -647,52 +643,15 @@ class InducingFeatures:
         """
         # Explicit zeros are kept, as entries.
         X = canonical_csr(X)
-        n_tokens, F = X.shape
-        offsets = np.asarray(offsets, dtype=np.int64)
-        n_seq = offsets.size - 1
-        # Every entry's token and sequence; each sequence's active features
-        # are its distinct (sequence, feature) pairs, in order.
-        token = np.repeat(np.arange(n_tokens, dtype=np.int64), np.diff(X.indptr))
-        sequence_of_token = np.repeat(
-            np.arange(n_seq, dtype=np.int64), np.diff(offsets)
+        if X.shape[1] != self.n_features:
+            raise ValueError(
+                f"X has {X.shape[1]} columns; these inducing features take "
+                f"{self.n_features}"
+            )
+        row_starts, all_rows, support, indptr, entry_row, value = chunk_rows(
+            X.indptr, X.indices, X.data, np.asarray(offsets, dtype=np.int64),
+            self.n_features, self.n_inducing, compact,
         )
-        keys = sequence_of_token[token] * F + X.indices
-        pairs, pair_of_entry = np.unique(keys, return_inverse=True)
-        pair_sequence = pairs // F
-        n_active = np.bincount(pair_sequence, minlength=n_seq)
-        # Sequence n owns the stacked rows row_starts[n]:row_starts[n + 1]:
-        # its active features, then its bias.
-        row_starts = np.zeros(n_seq + 1, dtype=np.int64)
-        np.cumsum(n_active + 1, out=row_starts[1:])
-        first_pair = np.zeros(n_seq + 1, dtype=np.int64)
-        np.cumsum(n_active, out=first_pair[1:])
-        pair_row = row_starts[pair_sequence] + (
-            np.arange(pairs.size) - first_pair[pair_sequence]
-        )
-        bias_rows = row_starts[1:] - 1
-        all_rows = np.full(row_starts[-1], self.n_features, dtype=np.int64)
-        all_rows[pair_row] = pairs % F
-        support = None
-        if compact:
-            # The chunk's active features and the bias (the last variable).
-            features, local = np.unique(all_rows[pair_row], return_inverse=True)
-            if features.size + 1 < self.n_inducing:
-                support = np.append(features, self.n_features)
-                all_rows[:] = features.size
-                all_rows[pair_row] = local
-            # else every feature is active in the chunk: local numbers are
-            # the global ones, and restricting would only copy every array.
-        # U token by token: each token's feature entries (rows increasing
-        # with the feature, X being canonical), then its sequence's bias row
-        # (the sequence's last).
-        n_entries = X.indptr[-1]
-        indptr = X.indptr.astype(np.int64) + np.arange(n_tokens + 1)
-        at_feature = np.arange(n_entries, dtype=np.int64) + token
-        entry_row = np.empty(n_entries + n_tokens, dtype=np.int64)
-        entry_row[at_feature] = pair_row[pair_of_entry]
-        entry_row[indptr[1:] - 1] = bias_rows[sequence_of_token]
-        value = np.ones(n_entries + n_tokens)
-        value[at_feature] = X.data[:n_entries]
         n_space = self.n_inducing if support is None else support.size
         split = RowSplit.of_token_entries(
             indptr, entry_row, value, row_starts[-1], all_rows, n_space
@@ -1099,90 +1058,33 @@ class CollapsedFeatures(InducingFeatures):
 
         Notes
         -----
-        Written on the CSR arrays: the same matrix as the sparse algebra
+        Compiled (:func:`skgpstruct._layout.collapsed_design`), one pass
+        over the tokens: the same matrix as the sparse algebra
         ``[X - ((X_v @ A.T) @ A) / c, (X_v @ A.T) / sigma]`` (``X_v`` the
         lone columns times their scales, ``A`` the loadings), summed in the
-        same order (in scipy, those products took about 0.8 ms of a one-sentence
-        ``predict_marginals`` on basenp). Every lone feature has one
+        same order (in scipy, those products took about 0.8 ms of a
+        one-sentence ``predict_marginals`` on basenp; written as NumPy
+        array operations on the CSR arrays, about a quarter of that call's
+        own work). Every lone feature has one
         loading, in the row of its variable: a token's ``a . v`` per
         variable is a sum over its own lone entries, and its shifts are the
         variables' other lone features.
         """
         X = canonical_csr(X)
         n_tokens, n = X.shape
-        n_collapsed = self.n_collapsed
-        shape = (n_tokens, n + n_collapsed)
-        inside, position = entries_in_columns(X, self.lone, posterior.lone_positions)
-        token = np.repeat(np.arange(n_tokens, dtype=np.int64), np.diff(X.indptr))
-        lone_entries = np.flatnonzero(inside)
-        p = position[lone_entries]
-        # a . v per (token, variable), summed in the tokens' entry order, as
-        # a sparse product sums (from zero, one entry after the other); an
-        # exact zero is no entry.
-        weight = (X.data[lone_entries] * posterior.lone_scales[p]) * (
-            posterior.lone_loading[p]
-        )
-        pair, group = np.unique(
-            token[lone_entries] * n_collapsed + posterior.lone_variable[p],
-            return_inverse=True,
-        )
-        a_dot_v = np.bincount(group, weights=weight, minlength=pair.size)
-        nonzero = a_dot_v != 0
-        pair, a_dot_v = pair[nonzero], a_dot_v[nonzero]
-        pair_token, variable = np.divmod(pair, n_collapsed)
-        # Each variable's lone features are shifted by (a . v) a_j / c_j.
+        lookup = posterior.lone_positions
         loadings = posterior.loadings
-        counts = np.diff(loadings.indptr)[variable]
-        starts = loadings.indptr[variable]
-        first = np.repeat(starts - np.cumsum(counts) + counts, counts)
-        entry = first + np.arange(first.size)
-        shift = np.repeat(a_dot_v, counts) * loadings.data[entry]
-        kept = shift != 0
-        lone_index = loadings.indices[entry[kept]]
-        shift = shift[kept] * posterior.inverse_lone_scales[lone_index]
-        # Every entry's key in the design: token * width + column.
-        width = n + n_collapsed
-        n_x = token.size
-        x_keys = token * width + X.indices[:n_x]
-        x_values = X.data[:n_x].copy()
-        shift_token = np.repeat(pair_token, counts)[kept]
-        shift_keys = shift_token * width + self.lone[lone_index]
-        # X minus the shifts (at an entry of X, or a new entry; one shift
-        # per token and feature), then the variables' columns (after a
-        # token's original ones).
-        at = np.searchsorted(x_keys, shift_keys)
-        within = at < n_x
-        matched = np.zeros(at.size, dtype=bool)
-        matched[within] = x_keys[at[within]] == shift_keys[within]
-        x_values[at[matched]] -= shift[matched]
-        extra_keys = np.concatenate(
-            [shift_keys[~matched], pair_token * width + n + variable]
+        indptr, indices, data = collapsed_design(
+            X.indptr, X.indices, X.data, n,
+            _NO_LOOKUP if lookup is None else lookup, lookup is not None,
+            self.lone, posterior.lone_variable, posterior.lone_scales,
+            posterior.lone_loading, posterior.inverse_lone_scales,
+            loadings.indptr, loadings.indices, loadings.data,
+            posterior.inverse_sigma,
         )
-        extra_values = np.concatenate(
-            [-shift[~matched], a_dot_v * posterior.inverse_sigma[variable]]
+        X_s = sp.csr_matrix(
+            (data, indices, indptr), shape=(n_tokens, n + self.n_collapsed)
         )
-        # (a difference that is zero is no entry; a variable's value stays)
-        n_new = np.count_nonzero(~matched)
-        extra_kept = np.ones(extra_keys.size, dtype=bool)
-        extra_kept[:n_new] = extra_values[:n_new] != 0
-        order = np.argsort(extra_keys)
-        extra_keys, extra_values, extra_kept = (
-            extra_keys[order], extra_values[order], extra_kept[order]
-        )
-        # Both lists are sorted: merged by where each falls in the other.
-        n_all = n_x + extra_keys.size
-        keys = np.empty(n_all, dtype=np.int64)
-        values = np.empty(n_all)
-        keep = np.empty(n_all, dtype=bool)
-        x_at = np.arange(n_x) + np.searchsorted(extra_keys, x_keys)
-        extra_at = np.arange(extra_keys.size) + np.searchsorted(x_keys, extra_keys)
-        keys[x_at], values[x_at], keep[x_at] = x_keys, x_values, x_values != 0
-        keys[extra_at], values[extra_at], keep[extra_at] = (
-            extra_keys, extra_values, extra_kept
-        )
-        keys, values = keys[keep], values[keep]
-        indptr = np.searchsorted(keys, np.arange(n_tokens + 1) * width)
-        X_s = sp.csr_matrix((values, keys % width, indptr), shape=shape)
         X_s.has_canonical_format = True
         return X_s
 
