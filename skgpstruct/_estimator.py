@@ -2532,11 +2532,15 @@ GroupedLinearKernel`: automatic relevance determination per group).
         # sequence's draws are its own, so the result does not depend on
         # n_jobs.
         chunks = list(self._chunks(sequences))
-        n_jobs = self.n_jobs if len(chunks) > 1 else None
         decoding = self._decoding_pairwise(pairwise)
         sampling = self._sampling_posterior(params)
         with single_blas_thread():
-            per_chunk = Parallel(n_jobs=n_jobs, backend="threading")(
+            if len(chunks) == 1:  # (joblib's set-up would cost more than a sentence)
+                (sl, X_c, offsets), = chunks
+                return self._chunk_marginals(
+                    sampling, decoding, sequences[sl], X_c, offsets
+                )
+            per_chunk = Parallel(n_jobs=self.n_jobs, backend="threading")(
                 delayed(self._chunk_marginals)(
                     sampling, decoding, sequences[sl], X_c, offsets
                 )
