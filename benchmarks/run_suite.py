@@ -373,7 +373,7 @@ def table1_section(suite, results):
                 _ms(_time_ratios(folds, "crf_wide"), 1, "x"),
             ])
         for label, by_step in peers.items():
-            if len(set(by_step.values())) == 1:
+            if len(by_step) > 1 and len(set(by_step.values())) == 1:
                 nll, ece = next(iter(by_step.values()))
                 cal_rows.append([name, f"{label} (same in every run)", nll, ece])
             else:

@@ -1424,6 +1424,11 @@ def test_suite_table1_section_puts_each_figure_under_its_column(run_suite):
         "CRF {1e-4..10} (same in every run)": ("0.600 (0.000)", "0.0300 (0.0000)"),
         "LR (same in every run)": ("0.800 (0.000)", "0.0400 (0.0000)"),
     }
+    # basenp ran in one step only: its peers are labelled with that run
+    basenp_peers = {r["model"] for r in cal if r["data set"] == "basenp"}
+    assert basenp_peers == {f"GP, {batch}", "CRF (table1-batch run)",
+                            "CRF {1e-4..10} (table1-batch run)",
+                            "LR (table1-batch run)"}
 
 
 # Catches R01 (--data passed to steps that read no data set) and R02
