@@ -138,11 +138,16 @@ cdef extern from *:
                         oldest = i;
                     }
                 }
-                evicted = skg_slots[oldest].ptr;
-                evicted_size = skg_slots[oldest].size;
-                skg_cached_bytes -= evicted_size;
-                skg_n_cached -= 1;
-                skg_slots[oldest].ptr = NULL;
+                /* (the counters say there is one; should they ever
+                   disagree with the slots, keep nothing rather than read
+                   outside them) */
+                if (oldest >= 0) {
+                    evicted = skg_slots[oldest].ptr;
+                    evicted_size = skg_slots[oldest].size;
+                    skg_cached_bytes -= evicted_size;
+                    skg_n_cached -= 1;
+                    skg_slots[oldest].ptr = NULL;
+                }
             }
             if (skg_n_cached < SKG_N_SLOTS
                     && skg_cached_bytes + size <= SKG_MAX_CACHED_BYTES) {
@@ -152,11 +157,13 @@ cdef extern from *:
                         break;
                     }
                 }
-                skg_slots[slot].ptr = ptr;
-                skg_slots[slot].size = size;
-                skg_slots[slot].age = ++skg_clock;
-                skg_cached_bytes += size;
-                skg_n_cached += 1;
+                if (slot >= 0) {
+                    skg_slots[slot].ptr = ptr;
+                    skg_slots[slot].size = size;
+                    skg_slots[slot].age = ++skg_clock;
+                    skg_cached_bytes += size;
+                    skg_n_cached += 1;
+                }
             }
         }
         PyThread_release_lock(skg_lock);

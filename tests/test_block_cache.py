@@ -124,14 +124,20 @@ def test_threads_share_the_cache_without_mixing_their_arrays():
 
 def _allocate_in_child(queue):
     with reuse_blocks():
+        hits = cache_info()["hits"]
         a = np.full(LARGE, 3.0)
+        # nothing kept yet: a fresh block, and no bytes counted
+        fresh = (cache_info()["cached_bytes"], cache_info()["hits"] - hits)
         del a
+        kept = cache_info()["cached_bytes"]
         b = np.zeros(LARGE)
-        queue.put((float(b.sum()), cache_info()["open"]))
+        queue.put((fresh, kept, float(b.sum()), cache_info()["open"]))
     queue.put(cache_info()["open"])
 
 
 def test_a_forked_child_starts_with_its_own_cache():
+    # The parent's kept block is not the child's (reused without being
+    # counted, a byte count that wraps: mutant B24 of the h32b audit).
     if "fork" not in multiprocessing.get_all_start_methods():
         pytest.skip("no fork start method on this platform")
     context = multiprocessing.get_context("fork")
@@ -144,7 +150,7 @@ def test_a_forked_child_starts_with_its_own_cache():
         after = queue.get(timeout=60)
         child.join(timeout=60)
     assert child.exitcode == 0
-    assert result == (0.0, 1)  # its own block only
+    assert result == ((0, 0), LARGE * 8, 0.0, 1)  # its own block only
     assert after == 0
 
 
@@ -184,3 +190,88 @@ def test_a_fit_leaves_the_handler_and_the_cache_as_it_found_them():
     assert cache_info()["hits"] > hits  # the fit reused blocks
     assert cache_info()["open"] == 0 and cache_info()["cached_bytes"] == 0
     assert get_handler_name(np.empty(LARGE)) == get_handler_name()
+
+
+# Mutants B01 (skg_take: `size <= MIN`) and B09 (skg_free: `size <= MIN`).
+def test_a_block_of_exactly_the_smallest_size_is_kept_and_reused():
+    n = MIN_BLOCK_BYTES // 8
+    with reuse_blocks():
+        a = np.empty(n)
+        address = a.ctypes.data
+        del a
+        assert cache_info()["cached_bytes"] == MIN_BLOCK_BYTES
+        hits = cache_info()["hits"]
+        b = np.empty(n)
+        assert b.ctypes.data == address and cache_info()["hits"] == hits + 1
+        assert cache_info()["cached_bytes"] == 0
+        del b
+
+
+# Mutants B02 (skg_take picks the oldest block) and B17 (the age clock never
+# advances), B03 (a taken block's bytes stay counted).
+def test_the_newest_block_of_a_size_is_reused_first_and_uncounted():
+    with reuse_blocks():
+        older, newer = np.empty(LARGE), np.empty(LARGE)
+        older_address, newer_address = older.ctypes.data, newer.ctypes.data
+        del older
+        del newer  # freed last: the newest
+        assert cache_info()["cached_bytes"] == 2 * LARGE * 8
+        first = np.empty(LARGE)
+        assert first.ctypes.data == newer_address
+        assert cache_info()["cached_bytes"] == LARGE * 8
+        second = np.empty(LARGE)
+        assert second.ctypes.data == older_address
+        assert cache_info()["cached_bytes"] == 0
+        del first, second
+
+
+# Mutants B14 (the newest block evicted instead of the oldest) and B28 (an
+# evicted block stays counted: the cache stops keeping blocks once full).
+def test_a_full_cache_evicts_its_oldest_block_and_keeps_the_new_one():
+    size = MIN_BLOCK_BYTES // 8
+    with reuse_blocks():
+        arrays = [np.empty(size + i) for i in range(N_SLOTS + 1)]
+        for i in range(N_SLOTS + 1):  # freed in order: size + 0 is the oldest
+            arrays[i] = None
+        info = cache_info()
+        expected = sum((size + i) * 8 for i in range(1, N_SLOTS + 1))
+        assert info["cached_bytes"] == expected
+        hits = info["hits"]
+        newest = np.empty(size + N_SLOTS)  # the last one freed: kept
+        assert cache_info()["hits"] == hits + 1
+        oldest = np.empty(size)  # evicted
+        assert cache_info()["hits"] == hits + 1
+        second = np.empty(size + 1)  # kept
+        assert cache_info()["hits"] == hits + 2
+        del newest, oldest, second
+
+
+# Mutant B04 (a taken block is not uncounted from the slots in use: after
+# N_SLOTS reuses the cache believes itself full of blocks it no longer holds).
+def test_a_block_reused_again_and_again_stays_in_the_cache():
+    with reuse_blocks():
+        hits = cache_info()["hits"]
+        for _ in range(3 * N_SLOTS):
+            a = np.empty(LARGE)
+            del a
+        assert cache_info()["hits"] == hits + 3 * N_SLOTS - 1
+        assert cache_info()["cached_bytes"] == LARGE * 8
+        # and blocks of other sizes are still kept beside it
+        b = np.empty(LARGE + 1)
+        del b
+        assert cache_info()["cached_bytes"] == LARGE * 8 + (LARGE + 1) * 8
+
+
+# Mutants B10 (a block of exactly MAX_CACHED_BYTES is not kept), B13 (an
+# eviction when the cache would be exactly full) and B16 (`<` MAX instead of
+# `<=` when keeping).
+def test_the_cache_fills_to_exactly_its_maximum():
+    half = MAX_CACHED_BYTES // 2 // 8
+    with reuse_blocks():
+        a, b = np.empty(half), np.empty(half)
+        del a, b
+        assert cache_info()["cached_bytes"] == MAX_CACHED_BYTES
+    with reuse_blocks():
+        whole = np.empty(MAX_CACHED_BYTES // 8)
+        del whole
+        assert cache_info()["cached_bytes"] == MAX_CACHED_BYTES

@@ -48,6 +48,7 @@ from skgpstruct.inference.terms import (
     SharedState,
     antithetic_normal,
     chunk_terms,
+    expand_local,
     sample_unary,
     sample_unary_stacked,
 )
@@ -2112,3 +2113,163 @@ def test_per_row_samples_in_pairs_mirror_the_mean(points):
     with pytest.raises(ValueError, match="antithetic samples are not cached"):
         sample_unary(params, projection, residual_sd, 6, np.random.default_rng(8),
                      cache={}, antithetic=True)
+
+
+def _lone_dense(U, rows, n_inducing):
+    """(T, n_inducing) dense matrix of the lone rows (active at one token) of
+    U (rows x tokens): the independent reference of the kernels' split."""
+    counts = np.count_nonzero(U, axis=1)
+    lone = np.zeros((U.shape[1], n_inducing))
+    for r in np.flatnonzero(counts == 1):
+        lone[:, rows[r]] += U[r]
+    return lone
+
+
+# Mutant S11 (_stacked.pyx:85, token_sd's `w`, `spread` in the input
+# precision instead of double). Goes into tests/test_inference.py, next to
+# test_stacked_kernels_against_dense_products.
+def test_single_precision_token_sd_does_not_overflow_where_the_spread_fits():
+    # The docstring of token_sd: the squares are summed in double precision,
+    # since (u c sd)^2 overflows float32 once u c sd passes 1.8e19 while the
+    # spread itself (up to 3.4e38) fits. Spreads of about 1e20 here.
+    U = np.array([
+        [1.0, 0.0, 0.0, 0.0],   # lone at token 0
+        [0.0, 0.5, 0.0, 0.0],   # lone at token 1
+        [0.0, 0.0, 2.0, 0.0],   # lone at token 2
+        [1.0, 1.0, 0.0, 1.0],   # drawn (several tokens)
+        [0.0, 0.0, -1.5, 0.0],  # lone at token 2
+    ])
+    rows = np.array([0, 1, 2, 3, 1])
+    M, KV, floor = 4, 3, 1e-6
+    split = RowSplit.of(sp.csr_matrix(U), rows, M)
+    c = np.array([1e10, 3e9, 2e10, 1e10], dtype=np.float32)
+    sd = np.full((M, KV), 1e10, dtype=np.float32)
+    sd[:, 1] = 2.0  # and ordinary spreads beside them
+    lone = _lone_dense(U, rows, M)
+    c64, sd64 = c.astype(np.float64), sd.astype(np.float64)
+    expected = np.sqrt(lone**2 @ (c64[:, None] * sd64) ** 2 + floor)
+    assert np.all(expected < np.finfo(np.float32).max)
+    assert expected.max() > 2e19  # so (u c sd)^2 > float32 max
+    by_token, _ = split.entries(np.float32)
+    out = np.empty((U.shape[1], KV), dtype=np.float32)
+    stacked_kernels.token_sd(*by_token, split.entry_drawn, c, sd, floor, out)
+    assert np.all(np.isfinite(out))
+    np.testing.assert_allclose(out, expected, rtol=1e-6)
+
+
+# Mutant P04 (terms.py:512, sample_unary_stacked with a residual floor:
+# prediction samples of inducing features are exact, no residual).
+# Goes into tests/test_inference.py, next to
+# test_prediction_samples_have_each_sequence_s_gaussian.
+def test_prediction_samples_with_a_zero_posterior_spread_are_the_mean():
+
+    rng = np.random.default_rng(0)
+    n_features, K, V, S = 6, 2, 3, 4
+    lengths = [3, 1, 4]
+    offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
+    T = int(offsets[-1])
+    active = rng.random((T, n_features)) < 0.4
+    X = rng.uniform(0.5, 2.0, size=(T, n_features)) * active
+    kernel = GroupedLinearKernel(
+        groups=np.arange(n_features) % 2, variance=[1.3, 0.4], bias=0.7
+    )
+    inducing = InducingFeatures(n_features)
+    M = inducing.n_inducing
+    scales = inducing.prepare(kernel)
+    layout = inducing.chunk_layout(sp.csr_matrix(X), offsets)
+    stacked = inducing.stacked_projection(scales, layout)
+    q_mu = rng.normal(size=(K, V, M))
+    params = VariationalParameters(
+        q_mu, np.zeros((K, V, M)), np.full(K, 1.0 / K), np.zeros((V, V)),
+        np.ones((V, V)),
+    )
+    rngs = [np.random.default_rng(n) for n in range(len(lengths))]
+    f = sample_unary_stacked(params, stacked, layout.row_starts, offsets, S, rngs)
+    # Reference: the mean B^T q_mu, B the scaled features and the bias.
+    design = np.hstack([X, np.ones((T, 1))]) * np.asarray(scales)[None, :]
+    mean = np.einsum("tm,kvm->ktv", design, q_mu)
+    np.testing.assert_allclose(
+        f, np.broadcast_to(mean[:, None], f.shape), rtol=1e-5, atol=1e-5
+    )
+
+
+# Mutant P11 (terms.py:620, expand_local's check of xi's shape removed: a
+# token noise of another shape reaches the compiled backward pass, which
+# trusts its caller for shapes). Goes into tests/test_stochastic.py next to
+# test_local_gradient_of_another_chunk_is_refused (which only tries a bad
+# eps), or tests/test_inference.py.
+def _small_stacked_chunk(sample_dtype=np.float64):
+
+    rng = np.random.default_rng(0)
+    n_features, K, V, S = 6, 2, 3, 4
+    offsets = np.array([0, 3, 4, 8], dtype=np.int64)
+    T = int(offsets[-1])
+    X = sp.csr_matrix(
+        rng.uniform(0.5, 2.0, size=(T, n_features))
+        * (rng.random((T, n_features)) < 0.4)
+    )
+    kernel = GroupedLinearKernel(
+        groups=np.arange(n_features) % 2, variance=[1.3, 0.4], bias=0.7
+    )
+    inducing = InducingFeatures(n_features)
+    M = inducing.n_inducing
+    params = VariationalParameters(
+        rng.normal(size=(K, V, M)), rng.uniform(0.3, 1.0, (K, V, M)), np.full(K, 0.5),
+        np.zeros((V, V)), np.ones((V, V)),
+    )
+    shared = SharedState(
+        inducing, inducing.prepare(kernel), kernel, params,
+        rng.standard_normal((S, V, V)), ChainCRF(), S, "pathwise",
+        need_kernel_gradient=False, residual_floor=1e-8, sample_dtype=sample_dtype,
+    )
+    chunk = Chunk(X, offsets, rng.integers(V, size=T), np.random.SeedSequence(1),
+                  layout=inducing.chunk_layout(X, offsets))
+    return chunk, shared
+
+
+def test_expand_local_refuses_a_token_noise_of_another_shape():
+
+    chunk, shared = _small_stacked_chunk()
+    out = chunk_terms(chunk, shared, local=True)
+    eps, xi = out["noise"]
+    q_mu, q_sqrt = expand_local(chunk, shared, out["local"], 0, noise=(eps, xi))
+    np.testing.assert_allclose(q_mu, out["q_mu"], rtol=1e-12)  # (sanity)
+    # (contiguous, as the kernels take them: a wrong shape must be refused by
+    # the check, not by the buffer protocol's contiguity test)
+    for bad in (np.ascontiguousarray(xi[:, :, :-1]), np.ascontiguousarray(xi[:, :-1])):
+        with pytest.raises(ValueError, match="noise must be"):
+            expand_local(chunk, shared, out["local"], 0, noise=(eps, bad))
+
+
+# Mutant P10 (terms.py:627, expand_local's stacked branch without the
+# residual floor: the spread of a token's lone rows, through which the
+# q_sqrt gradient of a lone feature goes, is then not the one sampled).
+# Goes into tests/test_inference.py (or tests/test_stochastic.py). The
+# reference is central finite differences of the chunk's ELL in double
+# precision with fixed base samples (iteration key 0: the same draws at
+# every evaluation). A large floor makes its share visible.
+def test_expand_local_is_the_q_sqrt_gradient_at_the_residual_floor():
+
+
+    chunk, shared = _small_stacked_chunk(np.float64)
+    shared = dataclasses.replace(shared, residual_floor=0.5)
+    q_sqrt = shared.params.q_sqrt
+    out = chunk_terms(chunk, shared, local=True)
+    _, grad_sqrt = expand_local(chunk, shared, out["local"], 0)
+    h = 1e-6
+    M = q_sqrt.shape[2]
+    checked = 0
+    for k, v, m in [(0, 0, m) for m in range(M)] + [(1, 2, m) for m in range(M)]:
+        up, down = q_sqrt.copy(), q_sqrt.copy()
+        up[k, v, m] += h
+        down[k, v, m] -= h
+        ell = []
+        for value in (up, down):
+            params = dataclasses.replace(shared.params, q_sqrt=value)
+            chunk.noise_cache.clear()
+            moved = dataclasses.replace(shared, params=params)
+            ell.append(chunk_terms(chunk, moved)["ell"])
+        numeric = (ell[0] - ell[1]) / (2 * h)
+        assert grad_sqrt[k, v, m] == pytest.approx(numeric, rel=1e-5, abs=1e-8)
+        checked += numeric != 0
+    assert checked > 4  # not vacuous
