@@ -9,7 +9,7 @@ noise, row by row (:class:`skgpstruct.inference.inducing.RowSplit`).
 :func:`chunk_rows` and :func:`split_rows` build those arrays in a pass or
 two over the chunk's entries, with one NumPy sort of packed integer keys;
 written as NumPy on the whole chunk they were a few dozen array operations
-and three sorts of every entry, which made a sentence's layout 3.4 to 3.8
+and three sorts of every entry, which made a sentence's layout 3.4 to 3.6
 times as long.
 
 :meth:`skgpstruct.inference.inducing.CollapsedFeatures.sampling_design`
