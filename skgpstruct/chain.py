@@ -29,9 +29,11 @@ def _fits_path_limit(unary_magnitude, pairwise_magnitude, offsets):
     """Whether path scores of potentials of these largest magnitudes stay
     within ``_MAX_PATH_MAGNITUDE`` on the longest sequence of ``offsets``."""
     longest = int(np.max(np.diff(offsets), initial=0))
-    return (unary_magnitude + pairwise_magnitude) * (longest + 1) <= (
-        _MAX_PATH_MAGNITUDE
-    )
+    # Python floats: an overflow here is an infinite bound, refused below,
+    # not NumPy's RuntimeWarning (an error under warnings-as-errors, raised
+    # before the ValueError this check exists for).
+    total = float(unary_magnitude) + float(pairwise_magnitude)
+    return total * (longest + 1) <= _MAX_PATH_MAGNITUDE
 
 
 def _as_float_array(x, name, ndim, shape_doc):

@@ -1,5 +1,8 @@
 """Compiled chain kernels against a NumPy reference and brute-force enumeration."""
 
+import os
+import sys
+
 import _chain_reference as ref
 import numpy as np
 import pytest
@@ -405,3 +408,208 @@ def test_log_likelihood_refuses_bad_labels(args):
         chain.log_likelihood(**args)
     with pytest.raises(ValueError, match=r"^labels\b"):
         chain.log_likelihood(**args, return_gradient=True)
+
+
+@pytest.mark.parametrize("pair_range", [3.0, 1000.0], ids=["scaled", "log-space"])
+def test_marginals_sum_to_one_under_a_large_constant_unary_offset(pair_range):
+    # Catches C08 (_normalise in _chain.pyx returns its input unnormalised),
+    # C41 (the last token's _normalise in _backward_log removed) and C52
+    # (the per-token _normalise in _backward_log removed): the log-space
+    # marginals then leave every row off 1 by ~eps * |offset|, 4e-11 at
+    # 1e6, 8e-7 at 1e10 (pristine: 2e-16) -- the random tests keep
+    # |potentials| <= ~1e4 where the drift stays below their atol 1e-12.
+    # Adding a constant to every label of a token leaves the distribution
+    # unchanged, and (u + c) - c is exact here: the brute-force reference
+    # is computed on the offset removed.
+    rng = np.random.default_rng(7)
+    for T, V in [(6, 3), (4, 4), (5, 2)]:
+        unary = rng.standard_normal((1, T, V))
+        pairwise = rng.standard_normal((1, V, V))
+        pairwise[0, 0, V - 1] = -pair_range  # 1000 > 300: log space
+        for offset in (1e6, 1e8, 1e10):
+            shifted = unary + offset
+            log_z, marginals, pair = chain.forward_backward(shifted, pairwise, [0, T])
+            np.testing.assert_allclose(marginals.sum(axis=-1), 1.0, rtol=0, atol=1e-14)
+            assert marginals.max() <= 1.0 and marginals.min() >= 0.0
+            expected = ref.brute_force(shifted - offset, pairwise, np.array([0, T]))
+            # the inputs carry eps * offset of rounding: so do the outputs
+            tol = 1e-14 * offset
+            np.testing.assert_allclose(marginals, expected[1], rtol=0, atol=tol)
+            np.testing.assert_allclose(pair, expected[2], rtol=0, atol=tol)
+            np.testing.assert_allclose(
+                log_z, expected[0] + T * offset, rtol=1e-14, atol=0
+            )
+
+
+def test_pairwise_maximum_outside_the_first_row_gives_the_exact_result():
+    # Catches C56 (_chain.forward_backward takes p_max over the first row
+    # of P only): the range test then sees ~2 instead of ~800, runs the
+    # scaled recursion with E = exp(P - p_max) up to e^800 = inf, and
+    # returns NaN log_z and marginals. The random tests rarely have a first
+    # row that is both narrow and ~700 below the maximum.
+    rng = np.random.default_rng(3)
+    for V, T, top in [(3, 4, 500.0), (3, 4, 700.0), (2, 5, 2000.0), (4, 3, 900.0)]:
+        unary = rng.standard_normal((1, T, V))
+        pairwise = rng.uniform(-1, 1, (1, V, V))
+        pairwise[0, 0] -= 100.0  # a narrow first row, far below...
+        pairwise[0, V - 1, 1] = top  # ...the maximum, in another row
+        offsets = np.array([0, T])
+        log_z, marginals, pair = chain.forward_backward(unary, pairwise, offsets)
+        expected = ref.brute_force(unary, pairwise, offsets)
+        np.testing.assert_allclose(log_z, expected[0], rtol=1e-12)
+        np.testing.assert_allclose(marginals, expected[1], rtol=0, atol=1e-12)
+        np.testing.assert_allclose(pair, expected[2], rtol=0, atol=1e-12)
+
+
+def test_unsigned_integer_potentials_are_converted_like_signed_ones():
+    # Catches P03 (dtype kinds "fiu" -> "fi" in chain._as_float_array): the
+    # docstrings say the potentials are "converted to float64 if needed" and
+    # the check accepts unsigned integers, but no test passes them.
+    rng = np.random.default_rng(0)
+    unary = rng.integers(0, 5, (2, 7, 3))
+    pairwise = rng.integers(0, 5, (2, 3, 3))
+    offsets = np.array([0, 3, 7])
+    expected = ref.brute_force(unary.astype(float), pairwise.astype(float), offsets)
+    got = chain.forward_backward(
+        unary.astype(np.uint8), pairwise.astype(np.uint16), offsets
+    )
+    for a, b in zip(got, expected[:3], strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-12, atol=1e-12)
+    labels, scores = chain.viterbi(
+        unary[0].astype(np.uint32), pairwise[0].astype(np.uint64), offsets
+    )
+    np.testing.assert_array_equal(labels, expected[3][0])
+    np.testing.assert_allclose(scores, expected[4][0], rtol=1e-12)
+
+
+def test_strided_int64_offsets_are_accepted():
+    # Catches P21 (chain._check_offsets converts with np.asarray instead of
+    # np.ascontiguousarray): the layouts test passes int32, uint8 and list
+    # offsets, which are all copied anyway; a strided int64 view (e.g. every
+    # other entry of a boundary array) then reaches the kernels' int64[::1]
+    # argument and fails with "ndarray is not C-contiguous".
+    rng = np.random.default_rng(4)
+    unary = rng.standard_normal((2, 7, 3))
+    pairwise = rng.standard_normal((2, 3, 3))
+    labels = rng.integers(0, 3, 7)
+    offsets = np.array([0, -1, 3, -1, 7], dtype=np.int64)[::2]
+    assert not offsets.flags.c_contiguous
+    expected = ref.brute_force(unary, pairwise, np.array([0, 3, 7]))
+    got = chain.forward_backward(unary, pairwise, offsets)
+    for a, b in zip(got, expected[:3], strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-12, atol=1e-12)
+    expected_loglik = -expected[0]
+    for s in range(2):
+        for n, (start, stop) in enumerate([(0, 3), (3, 7)]):
+            for t in range(start, stop):
+                expected_loglik[s, n] += unary[s, t, labels[t]]
+                if t + 1 < stop:
+                    expected_loglik[s, n] += pairwise[s, labels[t], labels[t + 1]]
+    np.testing.assert_allclose(
+        chain.log_likelihood(unary, pairwise, offsets, labels),
+        expected_loglik,
+        rtol=1e-12,
+    )
+    best, scores = chain.viterbi(unary[0], pairwise[0], offsets)
+    np.testing.assert_array_equal(best, expected[3][0])
+    np.testing.assert_allclose(scores, expected[4][0], rtol=1e-12)
+
+
+def test_path_limit_check_refuses_long_chains_without_overflowing():
+    # chain._fits_path_limit multiplies NumPy float64 scalars:
+    # (1e306 + 0) * (1000 + 1) overflows, and NumPy's RuntimeWarning
+    # ("overflow encountered in scalar multiply") is raised before the
+    # ValueError -- as an exception under filterwarnings = error (this
+    # project's pytest configuration, or python -W error), as a spurious
+    # warning otherwise.
+    T = 1000
+    for unary, pairwise in [
+        (np.full((1, T, 2), 1e306), np.zeros((1, 2, 2))),
+        (np.zeros((1, T, 2)), np.full((1, 2, 2), 1e306)),
+    ]:
+        with pytest.raises(ValueError, match=r"^unary and pairwise\b"):
+            chain.forward_backward(unary, pairwise, [0, T])
+        with pytest.raises(ValueError, match=r"^unary and pairwise\b"):
+            chain.viterbi(unary[0], pairwise[0], [0, T])
+
+
+# A build of _chain.pyx with AddressSanitizer (about 10 s; skipped without
+# Cython, gcc or libasan, as in an installed environment): four mutants of
+# the h32a audit wrote past the end of a heap buffer and still returned the
+# right numbers (forward messages at stride V in the 2 V roll buffer when
+# the marginals are not wanted, the forward pass's exponentials one row
+# short twice, Viterbi's backpointers one row short), which no comparison
+# of outputs can see.
+_ASAN_SETUP = """
+import numpy as np
+from Cython.Build import cythonize
+from setuptools import Extension, setup
+ext = Extension(
+    "_chain_asan", ["_chain_asan.pyx"], include_dirs=[np.get_include()],
+    define_macros=[("NPY_NO_DEPRECATED_API", "NPY_1_7_API_VERSION")],
+    extra_compile_args=["-O1", "-g", "-fsanitize=address", "-fno-omit-frame-pointer"],
+    extra_link_args=["-fsanitize=address"],
+)
+setup(name="chain-asan", ext_modules=cythonize([ext], language_level=3, quiet=True,
+      compiler_directives={"boundscheck": False, "wraparound": False,
+                           "cdivision": True, "initializedcheck": False}))
+"""
+
+_ASAN_EXERCISE = """
+import sys
+import numpy as np
+sys.path.insert(0, ".")
+import _chain_asan
+from skgpstruct import chain
+chain._chain = _chain_asan  # the wrappers call the kernels through this name
+rng = np.random.default_rng(0)
+for V in (1, 2, 3, 4):
+    for lengths in ([3, 0, 5, 1], [7], [2, 2, 9], [1], [0, 4]):
+        offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
+        for pair_scale in (1.0, 400.0):  # scaled and log-space recursions
+            u = rng.standard_normal((2, offsets[-1], V))
+            p = rng.standard_normal((2, V, V)) * pair_scale
+            labels = rng.integers(0, V, offsets[-1])
+            chain.forward_backward(u, p, offsets)
+            chain.log_likelihood(u, p, offsets, labels)
+            chain.log_likelihood(u, p, offsets, labels, return_gradient=True)
+            chain._forward_backward(u, p, offsets, True, with_pairs=False)
+            chain.viterbi(u[0], p[0], offsets)
+print("ok")
+"""
+
+
+def test_chain_kernels_stay_within_their_buffers_under_address_sanitizer(tmp_path):
+    import shutil
+    import subprocess
+    from pathlib import Path
+
+    import skgpstruct
+
+    pytest.importorskip("Cython", reason="builds _chain.pyx: needs Cython")
+    pytest.importorskip("setuptools", reason="builds _chain.pyx: needs setuptools")
+    if shutil.which("gcc") is None:
+        pytest.skip("needs gcc")
+    libasan = subprocess.run(
+        ["gcc", "-print-file-name=libasan.so"], capture_output=True, text=True
+    ).stdout.strip()
+    if not os.path.isabs(libasan) or not os.path.exists(libasan):
+        pytest.skip("needs libasan")
+    source = Path(skgpstruct.__file__).parent / "_chain.pyx"
+    shutil.copy(source, tmp_path / "_chain_asan.pyx")
+    (tmp_path / "setup_asan.py").write_text(_ASAN_SETUP)
+    (tmp_path / "exercise.py").write_text(_ASAN_EXERCISE)
+    build = subprocess.run(
+        [sys.executable, "setup_asan.py", "build_ext", "--inplace", "-q"],
+        cwd=tmp_path, capture_output=True, text=True,
+    )
+    assert build.returncode == 0, build.stderr[-3000:]
+    env = dict(os.environ, LD_PRELOAD=libasan, ASAN_OPTIONS="detect_leaks=0")
+    env["PYTHONPATH"] = os.pathsep.join(
+        [str(Path(skgpstruct.__file__).parents[1]), env.get("PYTHONPATH", "")]
+    )
+    run = subprocess.run(
+        [sys.executable, "exercise.py"], cwd=tmp_path, env=env,
+        capture_output=True, text=True,
+    )
+    assert run.returncode == 0 and run.stdout.strip() == "ok", run.stderr[-3000:]

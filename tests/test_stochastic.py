@@ -1,6 +1,7 @@
 """Stochastic optimisation (SAGA) and partial_fit."""
 
 import dataclasses
+import itertools
 import warnings
 
 import numpy as np
@@ -1091,3 +1092,46 @@ def test_partial_fit_calls_draw_fresh_samples_with_an_integer_seed(monkeypatch):
     second = stream()  # and still reproducible
     assert entropies[3:] == calls
     np.testing.assert_array_equal(first.q_mu_, second.q_mu_)
+
+
+_ADAM_NAMES = ("x", "m", "v", "direction", "rate")
+
+
+def _adam_args(n, rng):
+    x, m, d = rng.normal(size=(3, n))
+    return {
+        "x": x, "m": m, "v": rng.uniform(0.1, 2.0, n), "direction": d,
+        "rate": rng.uniform(0.01, 0.1, n), "beta1": 0.9, "beta2": 0.999,
+        "eps": 1e-8, "t": 3,
+    }
+
+
+@pytest.mark.parametrize("first, second", list(itertools.combinations(range(5), 2)))
+def test_compiled_adam_step_refuses_every_pair_of_overlapping_arguments(first, second):
+    # Catches V12 (the overlap loop "for b in range(a)" -> "range(a - 1)":
+    # x/m, m/v, v/direction and direction/rate never compared; the existing
+    # test only shares direction with x and rate with m) and V13 (the
+    # overlap measured in doubles, not bytes: views offset by one entry are
+    # not seen to overlap). Overlapping arrays then reach the C loop,
+    # declared restrict: undefined behaviour, and no ValueError.
+    n = 6
+    rng = np.random.default_rng(0)
+    for shift in (0, 1, n - 1):  # the same array, then partial overlaps
+        buffer = rng.normal(size=2 * n)
+        args = _adam_args(n, rng)
+        args[_ADAM_NAMES[first]] = buffer[:n]
+        args[_ADAM_NAMES[second]] = buffer[shift:shift + n]
+        with pytest.raises(ValueError, match="not share memory"):
+            adam_ascent_step(**args)
+
+
+def test_compiled_adam_step_refuses_bounds_of_the_wrong_length():
+    # Catches V19 (only low's length compared with x's): the existing test
+    # gives low and high the same wrong length. A short high is read past
+    # its end by the C clip loop.
+    rng = np.random.default_rng(2)
+    args = _adam_args(5, rng)
+    for low, high in [(np.zeros(5), np.ones(4)), (np.zeros(4), np.ones(5)),
+                      (np.zeros(5), np.ones(6))]:
+        with pytest.raises(ValueError, match="length of x"):
+            adam_ascent_step(**args, low=low, high=high)
