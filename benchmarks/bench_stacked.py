@@ -104,6 +104,7 @@ def measure(name, X, offsets, n_labels, n_samples, min_time, rng):
 
     def compiled_in(dtype):
         by_token, by_row = split.entries(dtype)
+        lone_by_row = split.lone_entries(dtype)
         c_, mean_, sd_, eps_, xi_ = (a.astype(dtype) for a in (c, mean, sd, eps, xi))
 
         def compiled():
@@ -113,8 +114,7 @@ def measure(name, X, offsets, n_labels, n_samples, min_time, rng):
             _stacked.unary(*by_token, *by_row, c_, mean_, sd_, token_sd, eps_, xi_, f)
             d_cm, d_cs = np.zeros((M, KV)), np.zeros((M, KV))
             _stacked.backward(
-                *by_token, split.entry_drawn, *by_row, c_, sd_, token_sd, eps_, xi_,
-                g, d_cm, d_cs,
+                *lone_by_row, *by_row, c_, sd_, token_sd, eps_, xi_, g, d_cm, d_cs,
             )
             return f, d_cm, d_cs
 

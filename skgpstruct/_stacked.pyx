@@ -9,7 +9,10 @@ the rows active at several tokens of their sequence (and the bias) are
 :class:`skgpstruct.inference.inducing.RowSplit`): token by token, CSR style
 (``indptr``, ``inducing``, ``value``, and ``drawn``: the entry's drawn row
 or -1), and, for the drawn rows, row by row (``row_indptr``, ``row_token``,
-``row_value``, with ``drawn_rows`` their inducing variables).
+``row_value``, with ``drawn_rows`` their inducing variables); the backward
+pass also takes the lone rows' entries by inducing variable
+(``lone_indptr``, ``lone_token``, ``lone_value``, with ``lone_rows`` those
+variables).
 
 With ``c`` the feature scales, ``mean`` and ``sd`` the posterior means and
 standard deviations as (n_inducing, K * V) and the base samples ``eps``
@@ -29,7 +32,8 @@ adding it into (or, backwards, collecting from) per-token arrays of
 ``K * V * S`` values that stay in cache: one pass over the noise, where
 sparse products with blocks of ``K * V * S`` columns (the reference in
 ``tests/_stacked_reference.py``) make several, with their temporaries.
-The per-entry indices (``inducing``, ``drawn``, ``row_token``) are 32-bit:
+The per-entry indices (``inducing``, ``drawn``, ``row_token``,
+``lone_token``) are 32-bit:
 there is one per feature entry of the chunk, the bulk of its memory.
 
 Precision: each function is compiled for single and double precision
@@ -172,10 +176,10 @@ def unary(
 
 
 def backward(
-    const int64_t[::1] indptr,
-    const int32_t[::1] inducing,
-    const floating[::1] value,
-    const int32_t[::1] drawn,
+    const int64_t[::1] lone_indptr,
+    const int32_t[::1] lone_token,
+    const floating[::1] lone_value,
+    const int64_t[::1] lone_rows,
     const int64_t[::1] row_indptr,
     const int32_t[::1] row_token,
     const floating[::1] row_value,
@@ -192,37 +196,58 @@ def backward(
     """Add the gradients of :func:`unary`'s samples into ``d_cm`` and ``d_cs``.
 
     ``g`` (K, S, n_tokens, V) is the gradient with respect to the samples;
-    the drawn rows are given as for :func:`unary`. ``d_cm`` and ``d_cs``
+    the drawn rows are given as for :func:`unary`, the lone rows' entries
+    by inducing variable (``lone_indptr``, ``lone_token``, ``lone_value``,
+    with ``lone_rows`` those variables, each once). ``d_cm`` and ``d_cs``
     (n_inducing, K * V) receive the derivatives with respect to
     ``c * mean`` and ``c * sd``: an entry adds ``u sum_s g`` to the first;
     a lone entry adds its share of the token's spread,
     ``u^2 (c sd)[m] / token_sd * sum_s g xi``, to the second, and a drawn
     row ``sum_s eps * (sum over its entries of u g)``.
+
+    Every token's sums over the samples come first, into arrays of
+    (n_tokens, K * V); each inducing variable then sums its entries' shares
+    of them and writes its gradients once. (Visiting the entries token by
+    token instead scatters into the rows of ``d_cm`` and ``d_cs`` in the
+    order of the features: random writes over twice the gradients' size,
+    which outgrows the cache on the Table 1 data sets.)
     """
     cdef Py_ssize_t K = xi.shape[0], S = xi.shape[1], T = xi.shape[2]
     cdef Py_ssize_t V = xi.shape[3], KV = K * V, n_drawn = eps.shape[0]
+    cdef Py_ssize_t n_lone = lone_rows.shape[0]
     # g per token as (K * V * S), the layout of a drawn row's noise.
     cdef floating[:, ::1] g_t = np.empty((T, KV * S), dtype=_dtype(<floating>0))
-    # Per-token sums over the samples, accumulated in double precision.
-    cdef double[::1] g_sum = np.empty(KV)
-    cdef double[::1] g_xi = np.empty(KV)
+    # Per-token sums over the samples of g and of g xi / token_sd, in
+    # double precision.
+    cdef double[:, ::1] g_sum = np.empty((T, KV))
+    cdef double[:, ::1] g_xi = np.empty((T, KV))
     cdef floating[::1] row_g_buffer = np.empty(KV * S, dtype=_dtype(<floating>0))
+    # One variable's sums of its entries' shares (d_cm, then d_cs).
+    cdef double[::1] sums_buffer = np.empty(2 * KV)
     cdef floating* row_g = &row_g_buffer[0]
+    cdef double* dm = &sums_buffer[0]
+    cdef double* ds = dm + KV
     cdef const floating* row
     cdef Py_ssize_t t, j, k, v, kv, s, n
     cdef int64_t m, i
     cdef floating u, acc, spread
+    cdef double w
     cdef const double* g_row
+    cdef const double* token_sums
     cdef const floating* xi_row
     cdef floating* g_t_row
+    cdef double* sum_row
+    cdef double* xi_sum
     cdef double gv
     with nogil:
         for t in range(T):
             # Rows of V contiguous values of g and xi, sample by sample.
             g_t_row = &g_t[t, 0]
+            sum_row = &g_sum[t, 0]
+            xi_sum = &g_xi[t, 0]
             for kv in range(KV):
-                g_sum[kv] = 0.0
-                g_xi[kv] = 0.0
+                sum_row[kv] = 0.0
+                xi_sum[kv] = 0.0
             for k in range(K):
                 for s in range(S):
                     g_row = &g[k, s, t, 0]
@@ -230,28 +255,43 @@ def backward(
                     for v in range(V):
                         gv = g_row[v]
                         g_t_row[(k * V + v) * S + s] = <floating>gv
-                        g_sum[k * V + v] += gv
-                        g_xi[k * V + v] += gv * xi_row[v]
+                        sum_row[k * V + v] += gv
+                        xi_sum[k * V + v] += gv * xi_row[v]
             for kv in range(KV):
                 spread = token_sd[t, kv]
-                g_xi[kv] = g_xi[kv] / spread if spread > 0 else 0.0
-            for j in range(indptr[t], indptr[t + 1]):
-                m = inducing[j]
-                u = value[j]
+                xi_sum[kv] = xi_sum[kv] / spread if spread > 0 else 0.0
+        for i in range(n_lone):
+            for kv in range(2 * KV):
+                dm[kv] = 0.0
+            for j in range(lone_indptr[i], lone_indptr[i + 1]):
+                w = lone_value[j]
+                t = lone_token[j]
+                token_sums = &g_sum[t, 0]
                 for kv in range(KV):
-                    d_cm[m, kv] += u * g_sum[kv]
-                if drawn[j] < 0:
-                    u = u * u * c[m]
-                    for kv in range(KV):
-                        d_cs[m, kv] += u * sd[m, kv] * g_xi[kv]
+                    dm[kv] += w * token_sums[kv]
+                w = w * w
+                token_sums = &g_xi[t, 0]
+                for kv in range(KV):
+                    ds[kv] += w * token_sums[kv]
+            m = lone_rows[i]
+            w = c[m]
+            for kv in range(KV):
+                d_cm[m, kv] += dm[kv]
+                d_cs[m, kv] += w * sd[m, kv] * ds[kv]
         for i in range(n_drawn):
             for n in range(KV * S):
                 row_g[n] = 0.0
+            for kv in range(KV):
+                dm[kv] = 0.0
             for j in range(row_indptr[i], row_indptr[i + 1]):
                 u = row_value[j]
-                row = &g_t[row_token[j], 0]
+                t = row_token[j]
+                row = &g_t[t, 0]
                 for n in range(KV * S):
                     row_g[n] += u * row[n]
+                token_sums = &g_sum[t, 0]
+                for kv in range(KV):
+                    dm[kv] += u * token_sums[kv]
             row = &eps[i, 0, 0]
             for n in range(KV * S):
                 row_g[n] *= row[n]
@@ -261,3 +301,4 @@ def backward(
                 for s in range(S):
                     acc = acc + row_g[kv * S + s]
                 d_cs[m, kv] += acc
+                d_cm[m, kv] += dm[kv]

@@ -99,11 +99,24 @@ def row_split(U, rows):
     by_token = U.tocsc()
     by_token.sort_indices()
     U_drawn = U[drawn]
+    # The lone rows' entries by inducing variable: U's lone rows gathered
+    # into (variable x token), sorted.
+    lone_U = U[np.flatnonzero(np.diff(U.indptr) == 1)].tocoo()
+    lone_rows = rows[np.flatnonzero(np.diff(U.indptr) == 1)]
+    by_variable = sp.coo_matrix(
+        (lone_U.data, (lone_rows[lone_U.row], lone_U.col)),
+        shape=(int(rows.max(initial=-1)) + 1, U.shape[1]),
+    ).tocsr()
+    by_variable.sort_indices()
+    lone_counts = np.diff(by_variable.indptr)
     return {
         "drawn": drawn, "drawn_rows": rows[drawn], "indptr": by_token.indptr,
         "inducing": rows[by_token.indices], "value": by_token.data,
         "entry_drawn": position[by_token.indices], "row_indptr": U_drawn.indptr,
         "row_token": U_drawn.indices, "row_value": U_drawn.data,
+        "lone_rows": np.flatnonzero(lone_counts),
+        "lone_indptr": np.concatenate([[0], np.cumsum(lone_counts[lone_counts > 0])]),
+        "lone_token": by_variable.indices, "lone_value": by_variable.data,
     }
 
 

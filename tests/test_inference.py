@@ -936,7 +936,10 @@ def test_stacked_kernels_against_dense_products():
     np.testing.assert_allclose(f, expected, rtol=1e-12, atol=1e-13)
 
     d_cm, d_cs = np.zeros((M, K * V)), np.zeros((M, K * V))
-    stacked_kernels.backward(*args, *by_row, c, sd, token_sd, eps, xi, g, d_cm, d_cs)
+    stacked_kernels.backward(
+        *split.lone_entries(np.float64), *by_row, c, sd, token_sd, eps, xi, g,
+        d_cm, d_cs,
+    )
     # d sum(g f) / d mean = c * d_cm, exactly (f is linear in mean).
     basis = np.zeros_like(mean)
     for m in range(M):
@@ -1016,7 +1019,8 @@ def test_stacked_kernels_against_the_sparse_product_reference(dtype):
     assert_close(f, stacked_reference.unary(reference, c, mean, sd, token_sd, eps, xi))
     d_cm, d_cs = np.zeros((M, K * V)), np.zeros((M, K * V))
     stacked_kernels.backward(
-        *args, *by_row, *rounded(c, sd, token_sd, eps, xi), g, d_cm, d_cs
+        *split.lone_entries(dtype), *by_row, *rounded(c, sd, token_sd, eps, xi), g,
+        d_cm, d_cs,
     )
     expected_cm, expected_cs = stacked_reference.backward(
         reference, c, sd, token_sd, eps, xi, g

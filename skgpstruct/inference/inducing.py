@@ -223,6 +223,17 @@ class RowSplit:
         The token of each of those entries.
     row_value : ndarray of float32
         Its value.
+    lone_rows : ndarray of int64
+        The inducing variables of the lone rows, each once, increasing.
+    lone_indptr : ndarray of int64 of shape (lone_rows.size + 1,)
+        The lone rows' entries again, by inducing variable (the backward
+        pass then writes each variable's gradient once, in order):
+        variable ``lone_rows[i]`` has ``lone_indptr[i]:lone_indptr[i + 1]``
+        of ``lone_token`` and ``lone_value``, in token order.
+    lone_token : ndarray of int32
+        The token of each of those entries.
+    lone_value : ndarray of float32
+        Its value.
     """
 
     drawn: np.ndarray
@@ -234,6 +245,10 @@ class RowSplit:
     row_indptr: np.ndarray
     row_token: np.ndarray
     row_value: np.ndarray
+    lone_rows: np.ndarray
+    lone_indptr: np.ndarray
+    lone_token: np.ndarray
+    lone_value: np.ndarray
 
     @property
     def n_tokens(self):
@@ -249,6 +264,18 @@ class RowSplit:
         """``(row_indptr, row_token, row_value, drawn_rows)``: the drawn rows'
         entries row by row, and their inducing variables."""
         return self.row_indptr, self.row_token, self.row_value, self.drawn_rows
+
+    @property
+    def lone_by_row(self):
+        """``(lone_indptr, lone_token, lone_value, lone_rows)``: the lone
+        rows' entries by inducing variable, and those variables."""
+        return self.lone_indptr, self.lone_token, self.lone_value, self.lone_rows
+
+    def lone_entries(self, dtype=np.float32):
+        """:attr:`lone_by_row` with the values in ``dtype`` (as
+        :meth:`entries`)."""
+        lone_indptr, lone_token, lone_value, lone_rows = self.lone_by_row
+        return lone_indptr, lone_token, lone_value.astype(dtype, copy=False), lone_rows
 
     def entries(self, dtype=np.float32):
         """``(by_token, by_row)`` with the values in ``dtype``, as the kernels
@@ -318,16 +345,27 @@ class RowSplit:
             np.asarray(indptr, dtype=np.int64), entry_row, n_rows
         )
         value = np.asarray(value)
+        inducing = rows.astype(np.int32)[entry_row]
+        # The lone entries by inducing variable (a stable radix sort keeps
+        # each variable's in token order).
+        lone = np.flatnonzero(entry_drawn < 0)
+        lone = lone[np.argsort(inducing[lone], kind="stable")]
+        lone_variable = inducing[lone]
+        starts = np.flatnonzero(np.diff(lone_variable, prepend=-1))
         return cls(
             drawn,
             rows[drawn],
             np.asarray(indptr, dtype=np.int64),
-            rows.astype(np.int32)[entry_row],
+            inducing,
             value.astype(np.float32),
             entry_drawn,
             row_indptr,
             entry_token[by_row],
             value[by_row].astype(np.float32),
+            lone_variable[starts].astype(np.int64),
+            np.append(starts, lone.size).astype(np.int64),
+            entry_token[lone],
+            value[lone].astype(np.float32),
         )
 
 

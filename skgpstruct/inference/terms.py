@@ -731,10 +731,10 @@ class _StackedForward:
     ``mean`` and ``sd``: q_mu and q_sqrt as (n_inducing, K * V); ``c`` the
     feature scales (n_inducing,); ``token_sd`` (n_tokens, K * V) the
     standard deviation of each token's lone rows (with the residual floor);
-    ``by_token``, ``entry_drawn`` and ``by_row`` the chunk's entries
-    (:class:`~skgpstruct.inference.inducing.RowSplit`). All in the precision
-    of the samples, as the kernels take them; ``c64`` the scales in double
-    precision, for the gradients.
+    ``by_token``, ``entry_drawn``, ``by_row`` and ``lone_by_row`` the
+    chunk's entries (:class:`~skgpstruct.inference.inducing.RowSplit`). All
+    in the precision of the samples, as the kernels take them; ``c64`` the
+    scales in double precision, for the gradients.
     """
 
     mean: np.ndarray
@@ -745,6 +745,7 @@ class _StackedForward:
     by_token: tuple
     entry_drawn: np.ndarray
     by_row: tuple
+    lone_by_row: tuple
 
 
 def _stacked_state(params, stacked, residual_floor, dtype):
@@ -769,7 +770,7 @@ def _stacked_state(params, stacked, residual_floor, dtype):
     )
     return _StackedForward(
         by_inducing(params.q_mu), sd, c, token_sd, c64, by_token,
-        split.entry_drawn, by_row,
+        split.entry_drawn, by_row, split.lone_entries(dtype),
     )
 
 
@@ -792,7 +793,7 @@ def _stacked_backward(state, g_unary, eps, xi):
     """
     d_cm, d_cs = np.zeros(state.mean.shape), np.zeros(state.mean.shape)
     stacked_kernels.backward(
-        *state.by_token, state.entry_drawn, *state.by_row, state.c, state.sd,
+        *state.lone_by_row, *state.by_row, state.c, state.sd,
         state.token_sd, eps, xi, np.ascontiguousarray(g_unary, dtype=np.float64),
         d_cm, d_cs,
     )
