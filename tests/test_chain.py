@@ -1,11 +1,9 @@
 """Compiled chain kernels against a NumPy reference and brute-force enumeration."""
 
-import os
-import sys
-
 import _chain_reference as ref
 import numpy as np
 import pytest
+from _sanitizer import sanitized_run
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -533,28 +531,13 @@ def test_path_limit_check_refuses_long_chains_without_overflowing():
             chain.viterbi(unary[0], pairwise[0], [0, T])
 
 
-# A build of _chain.pyx with AddressSanitizer (about 10 s; skipped without
-# Cython, gcc or libasan, as in an installed environment): four mutants of
-# the h32a audit wrote past the end of a heap buffer and still returned the
-# right numbers (forward messages at stride V in the 2 V roll buffer when
-# the marginals are not wanted, the forward pass's exponentials one row
-# short twice, Viterbi's backpointers one row short), which no comparison
-# of outputs can see.
-_ASAN_SETUP = """
-import numpy as np
-from Cython.Build import cythonize
-from setuptools import Extension, setup
-ext = Extension(
-    "_chain_asan", ["_chain_asan.pyx"], include_dirs=[np.get_include()],
-    define_macros=[("NPY_NO_DEPRECATED_API", "NPY_1_7_API_VERSION")],
-    extra_compile_args=["-O1", "-g", "-fsanitize=address", "-fno-omit-frame-pointer"],
-    extra_link_args=["-fsanitize=address"],
-)
-setup(name="chain-asan", ext_modules=cythonize([ext], language_level=3, quiet=True,
-      compiler_directives={"boundscheck": False, "wraparound": False,
-                           "cdivision": True, "initializedcheck": False}))
-"""
-
+# _chain.pyx under AddressSanitizer (tests/_sanitizer.py; about 10 s,
+# skipped without Cython, gcc or libasan): four mutants of the h32a audit
+# wrote past the end of a heap buffer and still returned the right numbers
+# (forward messages at stride V in the 2 V roll buffer when the marginals
+# are not wanted, the forward pass's exponentials one row short twice,
+# Viterbi's backpointers one row short), which no comparison of outputs
+# can see.
 _ASAN_EXERCISE = """
 import sys
 import numpy as np
@@ -580,44 +563,4 @@ print("ok")
 
 
 def test_chain_kernels_stay_within_their_buffers_under_address_sanitizer(tmp_path):
-    import shutil
-    import subprocess
-    from pathlib import Path
-
-    import skgpstruct
-
-    pytest.importorskip("Cython", reason="builds _chain.pyx: needs Cython")
-    pytest.importorskip("setuptools", reason="builds _chain.pyx: needs setuptools")
-    if shutil.which("gcc") is None:
-        pytest.skip("needs gcc")
-    libasan = subprocess.run(
-        ["gcc", "-print-file-name=libasan.so"], capture_output=True, text=True
-    ).stdout.strip()
-    if not os.path.isabs(libasan) or not os.path.exists(libasan):
-        pytest.skip("needs libasan")
-    # The repository's source (an installed package has the compiled
-    # module only), else the package's own if it ships the .pyx.
-    candidates = [
-        Path(__file__).resolve().parents[1] / "skgpstruct" / "_chain.pyx",
-        Path(skgpstruct.__file__).parent / "_chain.pyx",
-    ]
-    source = next((path for path in candidates if path.exists()), None)
-    if source is None:
-        pytest.skip("needs the source of skgpstruct/_chain.pyx")
-    shutil.copy(source, tmp_path / "_chain_asan.pyx")
-    (tmp_path / "setup_asan.py").write_text(_ASAN_SETUP)
-    (tmp_path / "exercise.py").write_text(_ASAN_EXERCISE)
-    build = subprocess.run(
-        [sys.executable, "setup_asan.py", "build_ext", "--inplace", "-q"],
-        cwd=tmp_path, capture_output=True, text=True,
-    )
-    assert build.returncode == 0, build.stderr[-3000:]
-    env = dict(os.environ, LD_PRELOAD=libasan, ASAN_OPTIONS="detect_leaks=0")
-    env["PYTHONPATH"] = os.pathsep.join(
-        [str(Path(skgpstruct.__file__).parents[1]), env.get("PYTHONPATH", "")]
-    )
-    run = subprocess.run(
-        [sys.executable, "exercise.py"], cwd=tmp_path, env=env,
-        capture_output=True, text=True,
-    )
-    assert run.returncode == 0 and run.stdout.strip() == "ok", run.stderr[-3000:]
+    sanitized_run(tmp_path, "_chain", _ASAN_EXERCISE)
