@@ -73,6 +73,7 @@ bench_saga_noise = _module_fixture("bench_saga_noise")
 bench_long_sequence = _module_fixture("bench_long_sequence")
 bench_hashed = _module_fixture("bench_hashed")
 bench_chain = _module_fixture("bench_chain")
+bench_checkouts = _module_fixture("bench_checkouts")
 
 
 @pytest.mark.parametrize("log_space", [False, True])
@@ -1645,3 +1646,56 @@ def test_quoted_tables_match_benchmark_md(common):
 # finite pairs are skipped") is cheap to pin down. Optional.
 def test_paired_difference_skips_a_nan_in_either_column(common):
     assert common.paired_difference([1.0, 2.0], [np.nan, 1.0]) == ("+1.00", "0 of 1")
+
+
+def test_bench_checkouts_summary_keeps_each_folds_best_time(bench_checkouts):
+    # Two rounds of two folds by hand: each fold's best time per checkout,
+    # the totals' ratio, the per-iteration ratio averaged over the folds,
+    # and each round's ratio of totals.
+    def rec(fold, seconds, n_iter):
+        return {"dataset": "seg", "fold": fold, "seconds": seconds, "n_iter": n_iter}
+
+    runs = {
+        "before": [[rec(0, 2.0, 10), rec(1, 4.0, 20)],
+                   [rec(0, 3.0, 10), rec(1, 3.0, 20)]],
+        "after": [[rec(0, 1.5, 12), rec(1, 3.5, 20)],
+                  [rec(0, 1.0, 12), rec(1, 4.5, 20)]],
+    }
+    (row,) = bench_checkouts.summarise(runs, [0, 1])
+    assert row["before"] == pytest.approx(2.0 + 3.0)
+    assert row["after"] == pytest.approx(1.0 + 3.5)
+    assert row["ratio"] == pytest.approx(4.5 / 5.0)
+    # fold 0: (1.0 / 12) / (2.0 / 10); fold 1: (3.5 / 20) / (3.0 / 20)
+    expected = ((1.0 / 12) / (2.0 / 10) + (3.5 / 20) / (3.0 / 20)) / 2
+    assert row["per_iteration_ratio"] == pytest.approx(expected)
+    assert (row["iterations_before"], row["iterations_after"]) == (30, 32)
+    assert row["round_ratios"] == pytest.approx([5.0 / 6.0, 5.5 / 6.0])
+    runs["after"][1] = runs["after"][1][:1]  # a fold missing from one round
+    runs["after"][0] = runs["after"][0][:1]
+    with pytest.raises(ValueError, match="after has folds"):
+        bench_checkouts.summarise(runs, [0, 1])
+
+
+@pytest.mark.shared_data
+def test_bench_checkouts_runs_one_checkout_against_itself(
+    bench_checkouts, shared_data_dir, tmp_path, capsys
+):
+    # The installed package's folder as both checkouts (in CI a
+    # site-packages, here the repository): fresh worker processes fit seg's
+    # fold 0 and report the same iterations for both.
+    import skgpstruct
+
+    root = str(Path(skgpstruct.__file__).resolve().parents[1])
+    out = tmp_path / "ab.json"
+    status = bench_checkouts.main([
+        root, root, "--datasets", "seg", "--quick", "--data", str(shared_data_dir),
+        "--out", str(out),
+    ])
+    assert status == 0
+    (row,) = json.loads(out.read_text())["rows"]
+    assert row["dataset"] == "seg" and row["folds"] == [0]
+    assert row["iterations_before"] == row["iterations_after"] == 5
+    assert row["before"] > 0 and row["after"] > 0
+    assert "| seg | 0 |" in capsys.readouterr().out
+    with pytest.raises(SystemExit):
+        bench_checkouts.main([str(tmp_path), root, "--quick"])  # no skgpstruct
