@@ -73,10 +73,25 @@ def worker(root, dataset_name, data_dir, folds, n_fits, max_iter):
         }), flush=True)
 
 
+def worker_main(argv):
+    """``bench_checkouts.py --worker ROOT ...``: :func:`worker` in this
+    process, before anything imports skgpstruct (``_common`` does)."""
+    parser = argparse.ArgumentParser(prog="bench_checkouts.py --worker")
+    parser.add_argument("root")
+    parser.add_argument("--dataset", required=True)
+    parser.add_argument("--data", type=Path, required=True)
+    parser.add_argument("--folds", nargs="+", type=int, required=True)
+    parser.add_argument("--fits", type=int, required=True)
+    parser.add_argument("--max-iter", type=int, default=None)
+    args = parser.parse_args(argv)
+    worker(args.root, args.dataset, args.data, args.folds, args.fits, args.max_iter)
+    return 0
+
+
 def run_worker(root, dataset_name, data_dir, folds, n_fits, max_iter):
     """One fresh process of :func:`worker`; its records."""
     command = [sys.executable, __file__, "--worker", str(root), "--data",
-               str(data_dir), "--datasets", dataset_name, "--fits", str(n_fits),
+               str(data_dir), "--dataset", dataset_name, "--fits", str(n_fits),
                "--folds", *map(str, folds)]
     if max_iter is not None:
         command += ["--max-iter", str(max_iter)]
@@ -168,12 +183,7 @@ def main(argv=None):
     parser.add_argument("--out", type=Path, default=None, help="also write JSON")
     parser.add_argument("--quick", action="store_true",
                         help="smoke test: fold 0, one round, one fit, max_iter=5")
-    parser.add_argument("--worker", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
-    if args.worker is not None:
-        worker(args.worker, args.datasets[0], args.data, args.folds, args.fits,
-               args.max_iter)
-        return 0
     if args.before is None or args.after is None:
         parser.error("BEFORE and AFTER checkouts are required")
     for name in ("before", "after"):
@@ -215,4 +225,6 @@ def main(argv=None):
 
 
 if __name__ == "__main__":
+    if sys.argv[1:2] == ["--worker"]:
+        sys.exit(worker_main(sys.argv[2:]))
     sys.exit(main())
