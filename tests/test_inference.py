@@ -878,10 +878,12 @@ def test_row_split_refuses_inducing_variables_out_of_range():
 def test_row_split_keeps_its_per_entry_indices_in_32_bits():
     rng = np.random.default_rng(5)
     split, U, rows = _random_split(rng, 9, 6)
-    for name in ("inducing", "entry_drawn", "row_token"):
+    for name in ("inducing", "entry_drawn", "row_token", "lone_token"):
         assert getattr(split, name).dtype == np.int32, name
-    for name in ("value", "row_value"):
+    for name in ("value", "row_value", "lone_value"):
         assert getattr(split, name).dtype == np.float32, name
+    assert split.lone_token.size > 0  # not vacuous
+    assert split.lone_entries(np.float32)[2] is split.lone_value
     # In single precision the kernels read the stored values, not copies.
     by_token, by_row = split.entries(np.float32)
     assert by_token[2] is split.value and by_row[2] is split.row_value

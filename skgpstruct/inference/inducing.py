@@ -265,17 +265,12 @@ class RowSplit:
         entries row by row, and their inducing variables."""
         return self.row_indptr, self.row_token, self.row_value, self.drawn_rows
 
-    @property
-    def lone_by_row(self):
-        """``(lone_indptr, lone_token, lone_value, lone_rows)``: the lone
-        rows' entries by inducing variable, and those variables."""
-        return self.lone_indptr, self.lone_token, self.lone_value, self.lone_rows
-
     def lone_entries(self, dtype=np.float32):
-        """:attr:`lone_by_row` with the values in ``dtype`` (as
-        :meth:`entries`)."""
-        lone_indptr, lone_token, lone_value, lone_rows = self.lone_by_row
-        return lone_indptr, lone_token, lone_value.astype(dtype, copy=False), lone_rows
+        """``(lone_indptr, lone_token, lone_value, lone_rows)``, the lone
+        rows' entries by inducing variable and those variables, with the
+        values in ``dtype`` (as :meth:`entries`)."""
+        value = self.lone_value.astype(dtype, copy=False)
+        return self.lone_indptr, self.lone_token, value, self.lone_rows
 
     def entries(self, dtype=np.float32):
         """``(by_token, by_row)`` with the values in ``dtype``, as the kernels

@@ -731,8 +731,8 @@ class _StackedForward:
     ``mean`` and ``sd``: q_mu and q_sqrt as (n_inducing, K * V); ``c`` the
     feature scales (n_inducing,); ``token_sd`` (n_tokens, K * V) the
     standard deviation of each token's lone rows (with the residual floor);
-    ``by_token``, ``entry_drawn``, ``by_row`` and ``lone_by_row`` the
-    chunk's entries (:class:`~skgpstruct.inference.inducing.RowSplit`). All
+    ``by_token``, ``by_row`` and ``lone_by_row`` the chunk's entries
+    (:class:`~skgpstruct.inference.inducing.RowSplit`, ``lone_entries``). All
     in the precision of the samples, as the kernels take them; ``c64`` the
     scales in double precision, for the gradients.
     """
@@ -743,7 +743,6 @@ class _StackedForward:
     token_sd: np.ndarray
     c64: np.ndarray
     by_token: tuple
-    entry_drawn: np.ndarray
     by_row: tuple
     lone_by_row: tuple
 
@@ -769,8 +768,8 @@ def _stacked_state(params, stacked, residual_floor, dtype):
         *by_token, split.entry_drawn, c, sd, float(residual_floor), token_sd
     )
     return _StackedForward(
-        by_inducing(params.q_mu), sd, c, token_sd, c64, by_token,
-        split.entry_drawn, by_row, split.lone_entries(dtype),
+        by_inducing(params.q_mu), sd, c, token_sd, c64, by_token, by_row,
+        split.lone_entries(dtype),
     )
 
 
