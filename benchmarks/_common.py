@@ -30,6 +30,7 @@ try:
     from sklearn.exceptions import ConvergenceWarning
 
     import skgpstruct
+    import skgpstruct.chain
     from skgpstruct import (
         CRFppTemplateVectorizer,
         GPStructClassifier,
@@ -820,6 +821,8 @@ def environment():
         "scipy": __import__("scipy").__version__,
         "scikit-learn": sklearn.__version__,
         "skgpstruct": skgpstruct.__version__,
+        # which build of the compiled kernels ran: "avx2" or "baseline"
+        "kernel_build": skgpstruct.chain.KERNEL_BUILD,
         "commit": _git_commit(),
     }
     try:

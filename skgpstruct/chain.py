@@ -10,15 +10,26 @@ The model of one sequence with labels ``y`` of length ``T`` is::
 
     log p(y) = sum_t unary[t, y_t] + sum_{t < T-1} pairwise[y_t, y_{t+1}] - log_z
 
-Inputs are validated here, once; the loops live in ``skgpstruct._chain``.
+Inputs are validated here, once; the loops live in ``skgpstruct._chain``,
+or in its AVX2 build ``_chain_avx2`` where the processor supports it.
+``KERNEL_BUILD`` says which build this process loaded (see the
+installation guide, "Compiled kernels and the processor").
+
+Examples
+--------
+>>> from skgpstruct import chain
+>>> chain.KERNEL_BUILD in ("avx2", "baseline")
+True
 """
 
 import numpy as np
 
-from . import _chain
 from ._checks import check_flag
+from ._simd import KERNEL_BUILD, kernels
 
-__all__ = ["forward_backward", "viterbi", "log_likelihood"]
+_chain = kernels("_chain")
+
+__all__ = ["forward_backward", "viterbi", "log_likelihood", "KERNEL_BUILD"]
 
 # A path score adds at most n_tokens unary and n_tokens pairwise terms; inputs
 # whose magnitudes could overflow that sum are refused.

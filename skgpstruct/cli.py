@@ -82,6 +82,7 @@ import numpy as np
 
 from . import __version__
 from ._checks import check_n_jobs
+from .chain import KERNEL_BUILD
 
 __all__ = ["main"]
 
@@ -1151,7 +1152,10 @@ def _build_parser():
         ),
     )
     parser.add_argument(
-        "--version", action="version", version=f"%(prog)s {__version__}"
+        "--version", action="version",
+        version=(
+            f"%(prog)s {__version__} ({KERNEL_BUILD} build of the compiled kernels)"
+        ),
     )
     subparsers = parser.add_subparsers(
         title="commands", dest="command", metavar="<command>", required=True

@@ -3,13 +3,22 @@
 import _chain_reference as ref
 import numpy as np
 import pytest
-from _sanitizer import sanitized_run
+from _builds import compiled_builds
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from skgpstruct import chain
 
 SCALES = [1e-2, 1.0, 10.0, 1e2, 1e3, 1e4]
+
+
+@pytest.fixture(autouse=True, params=compiled_builds("_chain"))
+def chain_build(request, monkeypatch):
+    """Every test here runs on each build of the compiled kernels (the
+    baseline, and the AVX2 one where it can run): each against the
+    references, not only against each other."""
+    monkeypatch.setattr(chain, "_chain", request.param)
+    return request.param
 
 
 def _offsets(lengths):
@@ -246,7 +255,7 @@ def test_marginals_without_the_pair_marginals_are_the_same():
     # predict_marginals discards the pair marginals: the kernel skips them
     # (an outer product per token) and the rest is untouched, in both
     # recursions (the second sample's transitions span more than 300).
-    from skgpstruct import _chain
+    _chain = chain._chain
 
     rng = np.random.default_rng(5)
     offsets = _offsets([6, 0, 17, 1, 30])
@@ -370,6 +379,7 @@ BAD_LABELS = [
 
 @pytest.mark.parametrize("name, args", BAD_INPUTS)
 def test_forward_backward_and_log_likelihood_refuse_bad_input(name, args):
+    args = dict(args)  # the parameter's dict is shared by every build's run
     labels = args.pop("labels")
     with pytest.raises(ValueError, match=rf"^{name}\b"):
         chain.forward_backward(**args)
@@ -529,38 +539,3 @@ def test_path_limit_check_refuses_long_chains_without_overflowing():
             chain.forward_backward(unary, pairwise, [0, T])
         with pytest.raises(ValueError, match=r"^unary and pairwise\b"):
             chain.viterbi(unary[0], pairwise[0], [0, T])
-
-
-# _chain.pyx under AddressSanitizer (tests/_sanitizer.py; about 10 s,
-# skipped without Cython, gcc or libasan): four mutants of the h32a audit
-# wrote past the end of a heap buffer and still returned the right numbers
-# (forward messages at stride V in the 2 V roll buffer when the marginals
-# are not wanted, the forward pass's exponentials one row short twice,
-# Viterbi's backpointers one row short), which no comparison of outputs
-# can see.
-_ASAN_EXERCISE = """
-import sys
-import numpy as np
-sys.path.insert(0, ".")
-import _chain_asan
-from skgpstruct import chain
-chain._chain = _chain_asan  # the wrappers call the kernels through this name
-rng = np.random.default_rng(0)
-for V in (1, 2, 3, 4):
-    for lengths in ([3, 0, 5, 1], [7], [2, 2, 9], [1], [0, 4]):
-        offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
-        for pair_scale in (1.0, 400.0):  # scaled and log-space recursions
-            u = rng.standard_normal((2, offsets[-1], V))
-            p = rng.standard_normal((2, V, V)) * pair_scale
-            labels = rng.integers(0, V, offsets[-1])
-            chain.forward_backward(u, p, offsets)
-            chain.log_likelihood(u, p, offsets, labels)
-            chain.log_likelihood(u, p, offsets, labels, return_gradient=True)
-            chain._forward_backward(u, p, offsets, True, with_pairs=False)
-            chain.viterbi(u[0], p[0], offsets)
-print("ok")
-"""
-
-
-def test_chain_kernels_stay_within_their_buffers_under_address_sanitizer(tmp_path):
-    sanitized_run(tmp_path, "_chain", _ASAN_EXERCISE)

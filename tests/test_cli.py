@@ -127,6 +127,16 @@ def test_bad_demo_options_exit_with_usage(args, capsys):
     assert "usage: skgpstruct demo" in err
 
 
+def test_version_names_the_release_and_the_kernels_build(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["--version"])
+    assert exit_info.value.code == 0
+    build = skgpstruct.chain.KERNEL_BUILD
+    assert capsys.readouterr().out.split() == [
+        "skgpstruct", skgpstruct.__version__, f"({build}", "build", "of", "the",
+        "compiled", "kernels)"]
+
+
 def test_help_lists_the_commands(capsys):
     with pytest.raises(SystemExit) as exc:
         main(["--help"])

@@ -19,13 +19,12 @@ import _stacked_reference as stacked_reference
 import numpy as np
 import pytest
 import scipy.sparse as sp
+from _builds import compiled_builds
 from _chain_reference import enumerate_one
-from _sanitizer import sanitized_run
 from joblib import Parallel
 from scipy import stats
 from scipy.special import logsumexp
 
-from skgpstruct import _stacked as stacked_kernels
 from skgpstruct._linalg import CholeskyError, cholesky_backward, jitter_cholesky
 from skgpstruct._sequences import chunk_slices, stack_sequences
 from skgpstruct.inference.elbo import SparseELBO
@@ -895,7 +894,8 @@ def test_row_split_keeps_its_per_entry_indices_in_32_bits():
     np.testing.assert_allclose(dense, U.T @ np.eye(6)[rows])
 
 
-def test_stacked_kernels_against_dense_products():
+@pytest.mark.parametrize("stacked_kernels", compiled_builds("_stacked"))
+def test_stacked_kernels_against_dense_products(stacked_kernels):
     # The compiled unary samples against the same formula written with dense
     # matrices (lone rows through one draw per token, drawn rows through their
     # own noise), and their backward pass against the exact derivative of
@@ -967,8 +967,9 @@ def test_stacked_kernels_against_dense_products():
     assert np.count_nonzero(d_cs) > M  # not vacuous
 
 
+@pytest.mark.parametrize("stacked_kernels", compiled_builds("_stacked"))
 @pytest.mark.parametrize("dtype", [np.float64, np.float32])
-def test_stacked_kernels_against_the_sparse_product_reference(dtype):
+def test_stacked_kernels_against_the_sparse_product_reference(dtype, stacked_kernels):
     # The compiled loops against scipy's sparse products
     # (tests/_stacked_reference.py) on a chunk laid out by InducingFeatures:
     # 40 sequences (empty ones too) on 60 sparse features, two components.
@@ -2135,7 +2136,10 @@ def _lone_dense(U, rows, n_inducing):
 # Mutant S11 (_stacked.pyx:85, token_sd's `w`, `spread` in the input
 # precision instead of double). Goes into tests/test_inference.py, next to
 # test_stacked_kernels_against_dense_products.
-def test_single_precision_token_sd_does_not_overflow_where_the_spread_fits():
+@pytest.mark.parametrize("stacked_kernels", compiled_builds("_stacked"))
+def test_single_precision_token_sd_does_not_overflow_where_the_spread_fits(
+    stacked_kernels,
+):
     # The docstring of token_sd: the squares are summed in double precision,
     # since (u c sd)^2 overflows float32 once u c sd passes 1.8e19 while the
     # spread itself (up to 3.4e38) fits. Spreads of about 1e20 here.
@@ -2280,60 +2284,3 @@ def test_expand_local_is_the_q_sqrt_gradient_at_the_residual_floor():
         assert grad_sqrt[k, v, m] == pytest.approx(numeric, rel=1e-5, abs=1e-8)
         checked += numeric != 0
     assert checked > 4  # not vacuous
-
-
-# _stacked.pyx under AddressSanitizer (tests/_sanitizer.py; about 20 s):
-# its loops index per-token, per-row and per-variable buffers with the
-# layout's 32-bit indices, and an index one off would write past a buffer
-# with no visible effect on the results. The exercise runs the three
-# kernels in both precisions on random splits (lone, drawn and idle rows,
-# tokens without entries) and batch, stochastic and prediction calls of
-# small fits through the estimator.
-_STACKED_ASAN_EXERCISE = """
-import sys
-import warnings
-import numpy as np
-import scipy.sparse as sp
-sys.path.insert(0, ".")
-import _stacked_asan
-from skgpstruct import GPStructClassifier
-from skgpstruct.datasets import make_sequences
-from skgpstruct.inference import terms
-from skgpstruct.inference.inducing import RowSplit
-terms.stacked_kernels = _stacked_asan  # the terms call the kernels by this name
-rng = np.random.default_rng(0)
-for dtype in (np.float32, np.float64):
-    for n_tokens, n_inducing, n_rows, K, V, S in [
-        (7, 6, 12, 2, 3, 4), (1, 1, 1, 1, 1, 1), (30, 20, 60, 1, 5, 8),
-        (5, 3, 4, 1, 2, 3),
-    ]:
-        U = rng.normal(size=(n_rows, n_tokens)) * (rng.random((n_rows, n_tokens)) < 0.3)
-        U[:, -1] = 0.0  # a token without entries
-        split = RowSplit.of(sp.csr_matrix(U), rng.integers(n_inducing, size=n_rows),
-                            n_inducing)
-        by_token, by_row = split.entries(dtype)
-        KV = K * V
-        c = rng.uniform(0.5, 2.0, n_inducing).astype(dtype)
-        mean, sd = rng.normal(size=(2, n_inducing, KV)).astype(dtype)
-        sd = np.abs(sd)
-        eps = rng.normal(size=(split.drawn.size, KV, S)).astype(dtype)
-        xi = rng.normal(size=(K, S, n_tokens, V)).astype(dtype)
-        token_sd = np.empty((n_tokens, KV), dtype=dtype)
-        _stacked_asan.token_sd(*by_token, split.entry_drawn, c, sd, 1e-6, token_sd)
-        f = np.empty((K, S, n_tokens, V))
-        _stacked_asan.unary(*by_token, *by_row, c, mean, sd, token_sd, eps, xi, f)
-        d_cm, d_cs = np.zeros((2, n_inducing, KV))
-        _stacked_asan.backward(*split.lone_entries(dtype), *by_row, c, sd, token_sd,
-                               eps, xi, rng.normal(size=f.shape), d_cm, d_cs)
-warnings.simplefilter("ignore")
-X, y = make_sequences(30, n_features=12, sparse=True, random_state=0)
-for params in ({"max_iter": 5}, {"optimizer": "stochastic", "max_iter": 2}):
-    model = GPStructClassifier(random_state=0, **params).fit(X, y)
-    model.predict(X[:5])
-    model.predict_marginals(X[:5])
-print("ok")
-"""
-
-
-def test_stacked_kernels_stay_within_their_buffers_under_address_sanitizer(tmp_path):
-    sanitized_run(tmp_path, "_stacked", _STACKED_ASAN_EXERCISE)

@@ -44,8 +44,10 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from .. import _stacked as stacked_kernels
+from .._simd import kernels
 from ..likelihoods.base import LikelihoodOutputError
+
+stacked_kernels = kernels("_stacked")
 
 # Largest size of the base samples a chunk keeps between evaluations.
 NOISE_CACHE_BYTES = 64 * 2**20

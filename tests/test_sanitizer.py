@@ -1,0 +1,102 @@
+"""The compiled modules under AddressSanitizer (``tests/_sanitizer.py``).
+
+A wrong index in a compiled loop can write past the end of a buffer and
+still return the right numbers, which no comparison of outputs sees. Each
+test builds one ``.pyx`` of the repository with ``-fsanitize=address`` and
+runs an exercise with it in place of the package's module. They build the
+baseline flags' code; the AVX2 builds compile the same source
+(``skgpstruct/_simd.py``).
+"""
+
+from _sanitizer import sanitized_run
+
+# _chain.pyx under AddressSanitizer (tests/_sanitizer.py; about 10 s,
+# skipped without Cython, gcc or libasan): four mutants of the h32a audit
+# wrote past the end of a heap buffer and still returned the right numbers
+# (forward messages at stride V in the 2 V roll buffer when the marginals
+# are not wanted, the forward pass's exponentials one row short twice,
+# Viterbi's backpointers one row short), which no comparison of outputs
+# can see.
+_CHAIN_ASAN_EXERCISE = """
+import sys
+import numpy as np
+sys.path.insert(0, ".")
+import _chain_asan
+from skgpstruct import chain
+chain._chain = _chain_asan  # the wrappers call the kernels through this name
+rng = np.random.default_rng(0)
+for V in (1, 2, 3, 4):
+    for lengths in ([3, 0, 5, 1], [7], [2, 2, 9], [1], [0, 4]):
+        offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
+        for pair_scale in (1.0, 400.0):  # scaled and log-space recursions
+            u = rng.standard_normal((2, offsets[-1], V))
+            p = rng.standard_normal((2, V, V)) * pair_scale
+            labels = rng.integers(0, V, offsets[-1])
+            chain.forward_backward(u, p, offsets)
+            chain.log_likelihood(u, p, offsets, labels)
+            chain.log_likelihood(u, p, offsets, labels, return_gradient=True)
+            chain._forward_backward(u, p, offsets, True, with_pairs=False)
+            chain.viterbi(u[0], p[0], offsets)
+print("ok")
+"""
+
+
+def test_chain_kernels_stay_within_their_buffers_under_address_sanitizer(tmp_path):
+    sanitized_run(tmp_path, "_chain", _CHAIN_ASAN_EXERCISE)
+
+
+# _stacked.pyx under AddressSanitizer (tests/_sanitizer.py; about 20 s):
+# its loops index per-token, per-row and per-variable buffers with the
+# layout's 32-bit indices, and an index one off would write past a buffer
+# with no visible effect on the results. The exercise runs the three
+# kernels in both precisions on random splits (lone, drawn and idle rows,
+# tokens without entries) and batch, stochastic and prediction calls of
+# small fits through the estimator.
+_STACKED_ASAN_EXERCISE = """
+import sys
+import warnings
+import numpy as np
+import scipy.sparse as sp
+sys.path.insert(0, ".")
+import _stacked_asan
+from skgpstruct import GPStructClassifier
+from skgpstruct.datasets import make_sequences
+from skgpstruct.inference import terms
+from skgpstruct.inference.inducing import RowSplit
+terms.stacked_kernels = _stacked_asan  # the terms call the kernels by this name
+rng = np.random.default_rng(0)
+for dtype in (np.float32, np.float64):
+    for n_tokens, n_inducing, n_rows, K, V, S in [
+        (7, 6, 12, 2, 3, 4), (1, 1, 1, 1, 1, 1), (30, 20, 60, 1, 5, 8),
+        (5, 3, 4, 1, 2, 3),
+    ]:
+        U = rng.normal(size=(n_rows, n_tokens)) * (rng.random((n_rows, n_tokens)) < 0.3)
+        U[:, -1] = 0.0  # a token without entries
+        split = RowSplit.of(sp.csr_matrix(U), rng.integers(n_inducing, size=n_rows),
+                            n_inducing)
+        by_token, by_row = split.entries(dtype)
+        KV = K * V
+        c = rng.uniform(0.5, 2.0, n_inducing).astype(dtype)
+        mean, sd = rng.normal(size=(2, n_inducing, KV)).astype(dtype)
+        sd = np.abs(sd)
+        eps = rng.normal(size=(split.drawn.size, KV, S)).astype(dtype)
+        xi = rng.normal(size=(K, S, n_tokens, V)).astype(dtype)
+        token_sd = np.empty((n_tokens, KV), dtype=dtype)
+        _stacked_asan.token_sd(*by_token, split.entry_drawn, c, sd, 1e-6, token_sd)
+        f = np.empty((K, S, n_tokens, V))
+        _stacked_asan.unary(*by_token, *by_row, c, mean, sd, token_sd, eps, xi, f)
+        d_cm, d_cs = np.zeros((2, n_inducing, KV))
+        _stacked_asan.backward(*split.lone_entries(dtype), *by_row, c, sd, token_sd,
+                               eps, xi, rng.normal(size=f.shape), d_cm, d_cs)
+warnings.simplefilter("ignore")
+X, y = make_sequences(30, n_features=12, sparse=True, random_state=0)
+for params in ({"max_iter": 5}, {"optimizer": "stochastic", "max_iter": 2}):
+    model = GPStructClassifier(random_state=0, **params).fit(X, y)
+    model.predict(X[:5])
+    model.predict_marginals(X[:5])
+print("ok")
+"""
+
+
+def test_stacked_kernels_stay_within_their_buffers_under_address_sanitizer(tmp_path):
+    sanitized_run(tmp_path, "_stacked", _STACKED_ASAN_EXERCISE)
