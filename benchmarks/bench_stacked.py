@@ -4,8 +4,10 @@ For the first training chunk (``CHUNK_TOKENS`` tokens, as a fit cuts them)
 of Table 1's fold 0 of every data set, with the CRF++ template features,
 times one evaluation's work on the unary potentials with ``n_samples``
 Monte Carlo samples (default 8): the lone rows' spread, the samples, and
-their gradients, as ``skgpstruct._stacked`` computes them in single
-precision (the estimator's) and in double precision, and as scipy's sparse
+their gradients, as ``skgpstruct._stacked`` computes them (the build the
+estimator loads: AVX2 where the processor has it, ``SKGPSTRUCT_SIMD=baseline``
+for the baseline build; ``kernel_build`` in the JSON) in single precision
+(the estimator's) and in double precision, and as scipy's sparse
 products do (``tests/_stacked_reference.py``, the library's code before
 the compiled loops, in double precision). Prints the milliseconds of each,
 the ratios to the single-precision kernels, and checks that all give the
@@ -25,10 +27,10 @@ from pathlib import Path
 import numpy as np
 import scipy.sparse as sp
 
-from skgpstruct import _stacked
 from skgpstruct._estimator import CHUNK_TOKENS
 from skgpstruct._sequences import stack_sequences
 from skgpstruct.inference.inducing import InducingFeatures
+from skgpstruct.inference.terms import stacked_kernels as _stacked
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 import _stacked_reference as reference  # noqa: E402
@@ -87,8 +89,13 @@ def paired_timings(calls, min_time, rounds=11):
     return times.min(axis=0).tolist(), ratios.tolist()
 
 
-def measure(name, X, offsets, n_labels, n_samples, min_time, rng):
-    """One row of the table: both implementations' time on this chunk."""
+FLOOR = 1e-6
+
+
+def chunk_problem(X, offsets, n_labels, n_samples, rng):
+    """A chunk's stacked layout and random parameters, noise and output
+    gradient for ``n_samples`` samples (values representable in single
+    precision, so that every implementation sees the same)."""
     inducing = InducingFeatures(X.shape[1])
     split = inducing.chunk_layout(X, offsets).split
     M, KV, S, T = inducing.n_inducing, n_labels, n_samples, split.n_tokens
@@ -96,29 +103,44 @@ def measure(name, X, offsets, n_labels, n_samples, min_time, rng):
     mean, sd = rng.normal(size=(M, KV)), rng.uniform(0.1, 1.0, size=(M, KV))
     eps = rng.normal(size=(split.drawn.size, KV, S))
     xi, g = rng.normal(size=(2, 1, S, T, KV))
-    # Single-precision values, so that every implementation sees the same.
     c, mean, sd, eps, xi = (
         a.astype(np.float32).astype(np.float64) for a in (c, mean, sd, eps, xi)
     )
-    floor = 1e-6
+    return split, (c, mean, sd, eps, xi, g)
+
+
+def compiled_call(kernels, split, problem, dtype):
+    """One evaluation's token_sd, unary and backward through ``kernels`` (a
+    build of ``skgpstruct._stacked``) in ``dtype``, as a function."""
+    c, mean, sd, eps, xi, g = problem
+    M, KV = mean.shape
+    T = split.n_tokens
+    by_token, by_row = split.entries(dtype)
+    lone_by_row = split.lone_entries(dtype)
+    c_, mean_, sd_, eps_, xi_ = (a.astype(dtype) for a in (c, mean, sd, eps, xi))
+
+    def compiled():
+        token_sd = np.empty((T, KV), dtype=dtype)
+        kernels.token_sd(*by_token, split.entry_drawn, c_, sd_, FLOOR, token_sd)
+        f = np.empty(xi.shape)
+        kernels.unary(*by_token, *by_row, c_, mean_, sd_, token_sd, eps_, xi_, f)
+        d_cm, d_cs = np.zeros((M, KV)), np.zeros((M, KV))
+        kernels.backward(
+            *lone_by_row, *by_row, c_, sd_, token_sd, eps_, xi_, g, d_cm, d_cs,
+        )
+        return f, d_cm, d_cs
+
+    return compiled
+
+
+def measure(name, X, offsets, n_labels, n_samples, min_time, rng):
+    """One row of the table: both implementations' time on this chunk."""
+    split, problem = chunk_problem(X, offsets, n_labels, n_samples, rng)
+    c, mean, sd, eps, xi, g = problem
+    M, T, floor = mean.shape[0], split.n_tokens, FLOOR
 
     def compiled_in(dtype):
-        by_token, by_row = split.entries(dtype)
-        lone_by_row = split.lone_entries(dtype)
-        c_, mean_, sd_, eps_, xi_ = (a.astype(dtype) for a in (c, mean, sd, eps, xi))
-
-        def compiled():
-            token_sd = np.empty((T, KV), dtype=dtype)
-            _stacked.token_sd(*by_token, split.entry_drawn, c_, sd_, floor, token_sd)
-            f = np.empty(xi.shape)
-            _stacked.unary(*by_token, *by_row, c_, mean_, sd_, token_sd, eps_, xi_, f)
-            d_cm, d_cs = np.zeros((M, KV)), np.zeros((M, KV))
-            _stacked.backward(
-                *lone_by_row, *by_row, c_, sd_, token_sd, eps_, xi_, g, d_cm, d_cs,
-            )
-            return f, d_cm, d_cs
-
-        return compiled
+        return compiled_call(_stacked, split, problem, dtype)
 
     sparse = reference.sparse_split(split, M)
 

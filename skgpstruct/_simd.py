@@ -7,7 +7,10 @@ from the same source: for the baseline instruction set, and as
 ``<module>_avx2`` with AVX2 and FMA. The AVX2 build is loaded where the
 processor and the operating system support those instructions, so one
 built package runs on every x86-64 processor and uses the wider vectors
-where it can.
+where it can. ``skgpstruct.chain`` takes only forward-backward at 8 labels
+or more from it: there the AVX2 code was faster, and for Viterbi and
+fewer labels slower (``benchmarks/bench_builds.py``), so those run the
+baseline build everywhere (:func:`baseline_kernels`).
 
 The two builds compute the same functions; their results differ at
 rounding level (a fused multiply-add rounds once where the baseline
@@ -90,3 +93,9 @@ def kernels(name):
     """The loaded build of the compiled module ``name`` (one of
     :data:`DISPATCHED`)."""
     return _MODULES[name]
+
+
+def baseline_kernels(name):
+    """The baseline build of ``name``, for the functions whose AVX2 code is
+    slower (see ``skgpstruct/chain.py``)."""
+    return importlib.import_module(f"{__package__}.{name}")

@@ -11,7 +11,9 @@ The model of one sequence with labels ``y`` of length ``T`` is::
     log p(y) = sum_t unary[t, y_t] + sum_{t < T-1} pairwise[y_t, y_{t+1}] - log_z
 
 Inputs are validated here, once; the loops live in ``skgpstruct._chain``,
-or in its AVX2 build ``_chain_avx2`` where the processor supports it.
+or, for forward-backward at 8 labels or more, in its AVX2 build
+``_chain_avx2`` where the processor supports it (that build's Viterbi, and
+its forward-backward at fewer labels, were slower).
 ``KERNEL_BUILD`` says which build this process loaded (see the
 installation guide, "Compiled kernels and the processor").
 
@@ -25,9 +27,22 @@ True
 import numpy as np
 
 from ._checks import check_flag
-from ._simd import KERNEL_BUILD, kernels
+from ._simd import KERNEL_BUILD, baseline_kernels, kernels
 
+# Which build runs which kernel, from benchmarks/bench_builds.py (both
+# builds timed in turn in one process): the AVX2 build's forward-backward
+# took 0.74 to 0.88 times the baseline's at 8 to 45 labels but 1.04 to 1.15
+# times at 2 to 5, and its Viterbi 1.16 to 1.49 times at 5 to 45 labels.
+# So forward-backward runs the AVX2 build (where it runs at all) from
+# FB_AVX2_MIN_LABELS labels on, and everything else the baseline build.
+FB_AVX2_MIN_LABELS = 8
 _chain = kernels("_chain")
+_baseline_chain = baseline_kernels("_chain")
+
+
+def _fb_kernels(n_labels):
+    """The build of the chain kernels forward-backward runs at ``n_labels``."""
+    return _chain if n_labels >= FB_AVX2_MIN_LABELS else _baseline_chain
 
 __all__ = ["forward_backward", "viterbi", "log_likelihood", "KERNEL_BUILD"]
 
@@ -155,7 +170,7 @@ def _forward_backward(unary, pairwise, offsets, with_marginals, with_pairs=True)
         np.zeros((n_samples, n_seq, n_labels, n_labels)) if with_pairs
         else np.empty((0, 0, 0, 0))
     )
-    _chain.forward_backward(
+    _fb_kernels(n_labels).forward_backward(
         unary, pairwise, offsets, log_z, marginals, pair_marginals,
         with_marginals, with_pairs,
     )
@@ -180,7 +195,7 @@ def _log_likelihood_unchecked(unary, pairwise, offsets, labels, return_gradient)
         unary, pairwise, offsets, with_marginals=return_gradient
     )
     scores = np.empty((n_samples, n_seq))
-    _chain.path_scores(unary, pairwise, offsets, labels, scores)
+    _baseline_chain.path_scores(unary, pairwise, offsets, labels, scores)
     loglik = scores - log_z
     if not return_gradient:
         return loglik
@@ -319,7 +334,7 @@ def _viterbi(unary, pairwise, offsets):
     labels = np.zeros(n_tokens, dtype=np.int64)
     scores = np.zeros(offsets.shape[0] - 1)
     backpointers = np.empty((max(1, longest - 1), n_labels), dtype=np.int32)
-    _chain.viterbi(unary, pairwise, offsets, labels, scores, backpointers)
+    _baseline_chain.viterbi(unary, pairwise, offsets, labels, scores, backpointers)
     return labels, scores
 
 

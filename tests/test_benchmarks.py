@@ -74,6 +74,7 @@ bench_long_sequence = _module_fixture("bench_long_sequence")
 bench_hashed = _module_fixture("bench_hashed")
 bench_chain = _module_fixture("bench_chain")
 bench_checkouts = _module_fixture("bench_checkouts")
+bench_builds = _module_fixture("bench_builds")
 
 
 @pytest.mark.parametrize("log_space", [False, True])
@@ -818,6 +819,22 @@ def test_bench_stacked_on_a_synthetic_chunk(bench_stacked, capsys):
     calls_of = [lambda name=name: calls.append(name) for name in "abc"]
     bench_stacked.paired_timings(calls_of, 0.0, rounds=3)
     assert calls == ["a", "b", "c"] * 4
+
+
+def test_bench_builds_times_both_builds_on_the_same_batch(bench_builds):
+    from skgpstruct._cpu import has_avx2_fma
+
+    if not has_avx2_fma():
+        pytest.skip("the AVX2 build cannot run on this processor")
+    base, avx2 = bench_builds.builds()
+    assert (base.__name__, avx2.__name__) == ("skgpstruct._chain",
+                                              "skgpstruct._chain_avx2")
+    # measure() asserts that both builds give the same marginals and labels
+    row = bench_builds.measure(base, avx2, 4, 6, 3, 2, 0.0, np.random.default_rng(0))
+    assert (row["labels"], row["tokens"]) == (4, 18)
+    assert all(row[c] > 0 for c in bench_builds.COLUMNS[2:])
+    table = bench_builds.markdown([row])
+    assert table.count("\n") == 2 and table.splitlines()[2].startswith("| 4 | 18 | ")
 
 
 def test_profile_fit_merges_repeated_settings(profile_fit):

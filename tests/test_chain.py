@@ -18,6 +18,7 @@ def chain_build(request, monkeypatch):
     baseline, and the AVX2 one where it can run): each against the
     references, not only against each other."""
     monkeypatch.setattr(chain, "_chain", request.param)
+    monkeypatch.setattr(chain, "_baseline_chain", request.param)
     return request.param
 
 

@@ -23,7 +23,8 @@ import numpy as np
 sys.path.insert(0, ".")
 import _chain_asan
 from skgpstruct import chain
-chain._chain = _chain_asan  # the wrappers call the kernels through this name
+# the wrappers call the kernels through these names
+chain._chain = chain._baseline_chain = _chain_asan
 rng = np.random.default_rng(0)
 for V in (1, 2, 3, 4):
     for lengths in ([3, 0, 5, 1], [7], [2, 2, 9], [1], [0, 4]):

@@ -94,6 +94,20 @@ def test_auto_and_avx2_load_the_avx2_build_where_it_runs(choice, tmp_path):
         assert "SKGPSTRUCT_SIMD=avx2, but" in run.stderr
 
 
+def test_forward_backward_runs_the_avx2_build_from_eight_labels_on():
+    # The rule of skgpstruct/chain.py (from benchmarks/bench_builds.py):
+    # Viterbi, the path scores and forward-backward below 8 labels run the
+    # baseline build, forward-backward from 8 labels on the loaded one.
+    import skgpstruct._chain
+
+    assert chain._baseline_chain is skgpstruct._chain
+    assert chain.FB_AVX2_MIN_LABELS == 8
+    assert chain._fb_kernels(7) is skgpstruct._chain
+    assert chain._fb_kernels(8) is chain._chain
+    expected = {"avx2": "skgpstruct._chain_avx2", "baseline": "skgpstruct._chain"}
+    assert chain._chain.__name__ == expected[chain.KERNEL_BUILD]
+
+
 def test_an_unknown_choice_is_refused_naming_the_variable(tmp_path):
     run = _run("avx512", tmp_path)
     assert run.returncode != 0
@@ -112,6 +126,7 @@ def use_build(monkeypatch):
         if chains[i].values[0] is None or stackeds[i].values[0] is None:
             pytest.skip("the AVX2 build cannot run here")
         monkeypatch.setattr(chain, "_chain", chains[i].values[0])
+        monkeypatch.setattr(chain, "_baseline_chain", chains[i].values[0])
         monkeypatch.setattr(terms, "stacked_kernels", stackeds[i].values[0])
 
     return use
