@@ -22,7 +22,6 @@ Run from the repository root::
 """
 
 import argparse
-import importlib
 import sys
 from pathlib import Path
 
@@ -42,7 +41,7 @@ from bench_stacked import (
     table1_chunks,
 )
 
-from skgpstruct._cpu import has_avx2_fma
+from skgpstruct._simd import avx2_modules, baseline_kernels
 
 #: (labels, tokens per sequence, sequences): 2 (seg), 3 (basenp), 12
 #: (chunking, JapaneseNE), 17 and 45 labels (BENCHMARK.md section 3's
@@ -61,13 +60,10 @@ STACKED_COLUMNS = ("data set", "tokens", "labels", "base ms", "avx2 ms",
 def builds(module="_chain"):
     """The two builds of ``module``, or exit with the reason the AVX2 one
     cannot run."""
-    if not has_avx2_fma():
-        sys.exit("bench_builds: this processor lacks AVX2 or FMA")
-    try:
-        avx2 = importlib.import_module(f"skgpstruct.{module}_avx2")
-    except ImportError as error:
-        sys.exit(f"bench_builds: the AVX2 build is not installed ({error})")
-    return importlib.import_module(f"skgpstruct.{module}"), avx2
+    modules, reason = avx2_modules()
+    if modules is None:
+        sys.exit(f"bench_builds: {reason}")
+    return baseline_kernels(module), modules[module]
 
 
 def measure_stacked(base, avx2, chunk, rounds, min_time, rng):

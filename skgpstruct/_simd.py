@@ -43,6 +43,12 @@ CHOICES = ("auto", "baseline", "avx2")
 DISPATCHED = ("_chain", "_stacked")
 
 
+def baseline_kernels(name):
+    """The baseline build of ``name``, for the functions whose AVX2 code is
+    slower (see ``skgpstruct/chain.py``)."""
+    return importlib.import_module(f"{__package__}.{name}")
+
+
 def _requested():
     value = os.environ.get(ENVIRONMENT_VARIABLE, "auto")
     choice = value.strip().lower() or "auto"
@@ -54,8 +60,10 @@ def _requested():
     return choice
 
 
-def _avx2_modules():
-    """The AVX2 builds, or the reason they cannot be used."""
+def avx2_modules():
+    """``(modules, None)``: the AVX2 builds of :data:`DISPATCHED` by name, or
+    ``(None, reason)`` where they cannot run here (also what the tests and
+    ``benchmarks/bench_builds.py`` ask)."""
     if not has_avx2_fma():
         return None, "this processor (or its operating system) lacks AVX2 or FMA"
     try:
@@ -71,7 +79,7 @@ def _avx2_modules():
 def _load():
     choice = _requested()
     if choice != "baseline":
-        modules, reason = _avx2_modules()
+        modules, reason = avx2_modules()
         if modules is not None:
             return "avx2", modules
         if choice == "avx2":
@@ -79,10 +87,7 @@ def _load():
                 f"{ENVIRONMENT_VARIABLE}=avx2, but {reason}; unset it or set "
                 f"{ENVIRONMENT_VARIABLE}=baseline"
             )
-    modules = {
-        name: importlib.import_module(f"{__package__}.{name}") for name in DISPATCHED
-    }
-    return "baseline", modules
+    return "baseline", {name: baseline_kernels(name) for name in DISPATCHED}
 
 
 #: ``"avx2"`` or ``"baseline"``: the build this process loaded.
@@ -93,9 +98,3 @@ def kernels(name):
     """The loaded build of the compiled module ``name`` (one of
     :data:`DISPATCHED`)."""
     return _MODULES[name]
-
-
-def baseline_kernels(name):
-    """The baseline build of ``name``, for the functions whose AVX2 code is
-    slower (see ``skgpstruct/chain.py``)."""
-    return importlib.import_module(f"{__package__}.{name}")

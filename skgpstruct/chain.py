@@ -29,10 +29,13 @@ import numpy as np
 from ._checks import check_flag
 from ._simd import KERNEL_BUILD, baseline_kernels, kernels
 
+__all__ = ["forward_backward", "viterbi", "log_likelihood", "KERNEL_BUILD"]
+
 # Which build runs which kernel, from benchmarks/bench_builds.py (both
-# builds timed in turn in one process): the AVX2 build's forward-backward
-# took 0.74 to 0.88 times the baseline's at 8 to 45 labels but 1.04 to 1.15
-# times at 2 to 5, and its Viterbi 1.16 to 1.49 times at 5 to 45 labels.
+# builds timed in turn in one process, four runs; doc/benchmarks.rst, "The
+# two builds of the kernels"): the AVX2 build's forward-backward took 0.74
+# to 0.91 times the baseline's at 8 to 45 labels, 0.98 to 1.04 at 5 and
+# 1.04 to 1.15 at 2 and 3; its Viterbi 1.09 to 1.53 times from 5 labels on.
 # So forward-backward runs the AVX2 build (where it runs at all) from
 # FB_AVX2_MIN_LABELS labels on, and everything else the baseline build.
 FB_AVX2_MIN_LABELS = 8
@@ -44,7 +47,6 @@ def _fb_kernels(n_labels):
     """The build of the chain kernels forward-backward runs at ``n_labels``."""
     return _chain if n_labels >= FB_AVX2_MIN_LABELS else _baseline_chain
 
-__all__ = ["forward_backward", "viterbi", "log_likelihood", "KERNEL_BUILD"]
 
 # A path score adds at most n_tokens unary and n_tokens pairwise terms; inputs
 # whose magnitudes could overflow that sum are refused.
