@@ -7,8 +7,11 @@ in turn in one process, and prints each build's milliseconds per call
 (best round) and the AVX2 build's time over the baseline's (median of the
 rounds' ratios; below 1: the AVX2 build is faster):
 
-* forward-backward (8 samples, the estimator's) and Viterbi on random
-  batches, for 2 to 45 labels;
+* forward-backward (8 samples, the estimator's) on random batches, for 2
+  to 45 labels;
+* Viterbi on the same batches, both of its steps (row-wise and
+  column-wise, ``by_columns``) in both builds, as times over the
+  baseline build's row-wise step;
 * one evaluation of the stacked potentials (spread, samples, gradients;
   single precision, 8 samples) on the first chunk of Table 1's fold 0 of
   every data set (``bench_stacked.py``'s problem; a synthetic chunk
@@ -46,11 +49,12 @@ from skgpstruct._simd import avx2_modules, baseline_kernels
 #: (labels, tokens per sequence, sequences): 2 (seg), 3 (basenp), 12
 #: (chunking, JapaneseNE), 17 and 45 labels (BENCHMARK.md section 3's
 #: sizes), and between.
-SHAPES = ((2, 25, 50), (3, 25, 50), (5, 25, 50), (8, 25, 50), (12, 25, 50),
-          (17, 100, 20), (45, 100, 10))
+SHAPES = ((2, 25, 50), (3, 25, 50), (5, 25, 50), (8, 25, 50), (10, 25, 50),
+          (12, 25, 50), (17, 100, 20), (24, 100, 20), (45, 100, 10))
 N_SAMPLES = 8
 COLUMNS = ("labels", "tokens", "fb base ms", "fb avx2 ms", "fb avx2 / base",
-           "viterbi base ms", "viterbi avx2 ms", "viterbi avx2 / base")
+           "viterbi rows base ms", "rows avx2 / rows base",
+           "columns base / rows base", "columns avx2 / rows base")
 
 
 STACKED_COLUMNS = ("data set", "tokens", "labels", "base ms", "avx2 ms",
@@ -86,29 +90,35 @@ def measure(base, avx2, n_labels, length, n_sequences, rounds, min_time, rng):
     unary, pairwise = rng.normal(size=(S, T, V)), rng.normal(size=(S, V, V))
     out = {m: (np.empty((S, n_sequences)), np.empty((S, T, V)),
                np.zeros((S, n_sequences, V, V))) for m in (base, avx2)}
-    decoded = {m: (np.empty(T, np.int64), np.empty(n_sequences),
-                   np.empty((length - 1, V), np.int32)) for m in (base, avx2)}
-
     def fb(m):
         return lambda: m.forward_backward(unary, pairwise, offsets, *out[m], True, True)
 
-    def vit(m):
-        return lambda: m.viterbi(unary[0], pairwise[0], offsets, *decoded[m])
+    def vit(m, by_columns):
+        outputs = decoded[m, by_columns]
+        return lambda: m.viterbi(unary[0], pairwise[0], offsets, *outputs, by_columns)
 
+    decoded = {(m, c): (np.empty(T, np.int64), np.empty(n_sequences),
+                        np.empty((length - 1, V), np.int32))
+               for m in (base, avx2) for c in (False, True)}
     fb_times, (fb_ratio,) = paired_timings([fb(base), fb(avx2)], min_time, rounds)
-    vit_times, (vit_ratio,) = paired_timings([vit(base), vit(avx2)], min_time, rounds)
-    # the builds compute the same function (to rounding)
+    steps = [(m, c) for m in (base, avx2) for c in (False, True)]
+    vit_times, vit_ratios = paired_timings([vit(*step) for step in steps], min_time,
+                                           rounds)
+    # the builds compute the same function (to rounding; Viterbi to the bit)
     np.testing.assert_allclose(out[avx2][1], out[base][1], rtol=1e-9, atol=1e-12)
-    np.testing.assert_array_equal(decoded[avx2][0], decoded[base][0])
+    for step in steps[1:]:
+        for got, expected in zip(decoded[step], decoded[steps[0]], strict=True):
+            np.testing.assert_array_equal(got, expected)
+    rows_base, ratios = 1e3 * vit_times[0], [vit_ratios[i] for i in (1, 0, 2)]
     return dict(zip(COLUMNS, (V, T, *(1e3 * t for t in fb_times), fb_ratio,
-                              *(1e3 * t for t in vit_times), vit_ratio), strict=True))
+                              rows_base, *ratios), strict=True))
 
 
 def markdown(rows):
     return markdown_table(list(COLUMNS), [
         [r["labels"], r["tokens"], *(f"{r[c]:.3f}" for c in COLUMNS[2:4]),
-         f"{r[COLUMNS[4]]:.2f}x", *(f"{r[c]:.3f}" for c in COLUMNS[5:7]),
-         f"{r[COLUMNS[7]]:.2f}x"] for r in rows])
+         f"{r[COLUMNS[4]]:.2f}x", f"{r[COLUMNS[5]]:.3f}",
+         *(f"{r[c]:.2f}x" for c in COLUMNS[6:])] for r in rows])
 
 
 def markdown_stacked(rows):

@@ -397,6 +397,67 @@ def forward_backward(
     return n_log_space
 
 
+#: From this many labels on, ``viterbi`` runs its column-wise step (below).
+VITERBI_COLUMNS_FROM = 10
+
+
+cdef inline void _viterbi_step_rows(
+    const double* P, const double* u_row, const double* d, Py_ssize_t V,
+    double* nd, int32_t* bp,
+) noexcept nogil:
+    """One step back: ``nd[i] = u_row[i] + max_j (P[i, j] + d[j])`` and its
+    lowest argmax in ``bp[i]``, label by label along the rows of ``P``."""
+    cdef Py_ssize_t i, j, arg
+    cdef double best, x
+    cdef const double* p_row
+    for i in range(V):
+        p_row = P + i * V
+        best = p_row[0] + d[0]
+        arg = 0
+        for j in range(1, V):
+            x = p_row[j] + d[j]
+            if x > best:
+                best = x
+                arg = j
+        nd[i] = u_row[i] + best
+        bp[i] = <int32_t> arg
+
+
+cdef inline void _viterbi_step_columns(
+    const double* PT, const double* u_row, const double* d, Py_ssize_t V,
+    double* nd, double* best_arg, int32_t* bp,
+) noexcept nogil:
+    """The same step, every label at once, over the rows of ``PT = P.T``.
+
+    The loop over the next label ``j`` is outside and the one over ``i``
+    inside, with no dependence from one ``i`` to the next: it compiles to
+    vector compares and blends, where the running maximum of the row-wise
+    step chains every comparison to the one before. ``best_arg`` (V
+    doubles, scratch) holds the argmaxes as doubles, the width of the
+    scores, so that one vector blend updates both. The strict ``>`` over
+    ascending ``j`` keeps the lowest argmax, as the row-wise step does,
+    and the maxima are the same sums: both steps give the same bits.
+    """
+    cdef Py_ssize_t i, j
+    cdef double x, dj, fj
+    cdef const double* col
+    dj = d[0]
+    for i in range(V):
+        nd[i] = PT[i] + dj
+        best_arg[i] = 0.0
+    for j in range(1, V):
+        col = PT + j * V
+        dj = d[j]
+        fj = <double> j
+        for i in range(V):
+            x = col[i] + dj
+            best_arg[i] = fj if x > nd[i] else best_arg[i]
+            nd[i] = x if x > nd[i] else nd[i]
+    for i in range(V):
+        nd[i] = u_row[i] + nd[i]
+        bp[i] = <int32_t> best_arg[i]
+
+
 def viterbi(
     const double[:, ::1] unary,
     const double[:, ::1] pairwise,
@@ -404,26 +465,36 @@ def viterbi(
     int64_t[::1] labels,
     double[::1] scores,
     int32_t[:, ::1] backpointers,
+    by_columns=None,
 ):
     """Max-plus decoding of every sequence into ``labels`` and ``scores``.
 
     Runs over suffixes (from the last token back) so that picking the lowest
     best label at each step, front to back, yields the lexicographically
     smallest of the optimal labellings. ``backpointers`` has shape
-    (max(1, longest sequence - 1), V).
+    (max(1, longest sequence - 1), V). Below ``VITERBI_COLUMNS_FROM``
+    labels each step runs along the rows of ``pairwise``, from there on
+    along its columns (the two give the same bits; in
+    ``benchmarks/bench_builds.py`` the row-wise step was the faster below,
+    the column-wise one from there on). ``by_columns`` True or False runs
+    one of them whatever the labels (for the tests and that benchmark).
     """
     cdef Py_ssize_t V = unary.shape[1]
     cdef Py_ssize_t n_seq = offsets.shape[0] - 1
-    cdef Py_ssize_t n, t, i, j, start, T, arg
-    cdef double best, x
-    cdef const double* P = &pairwise[0, 0]
+    cdef Py_ssize_t n, t, i, start, T, arg
+    cdef bint columns = (
+        V >= VITERBI_COLUMNS_FROM if by_columns is None else bool(by_columns)
+    )
+    cdef double[:, ::1] transposed = np.ascontiguousarray(
+        np.asarray(pairwise).T if columns else pairwise
+    )
+    cdef const double* P = &transposed[0, 0]  # pairwise, or its transpose
     cdef const double* U
-    cdef const double* p_row
-    cdef double[::1] work = np.empty(2 * V, dtype=np.float64)
+    # d, nd: the suffix scores of this step and the next; then scratch.
+    cdef double[::1] work = np.empty(3 * V, dtype=np.float64)
     cdef double* d
     cdef double* nd
     cdef double* tmp
-    cdef int32_t* bp
     with nogil:
         for n in range(n_seq):
             start = offsets[n]
@@ -437,18 +508,12 @@ def viterbi(
             for i in range(V):
                 d[i] = U[(T - 1) * V + i]
             for t in range(T - 2, -1, -1):
-                bp = &backpointers[t, 0]
-                for i in range(V):
-                    p_row = P + i * V
-                    best = p_row[0] + d[0]
-                    arg = 0
-                    for j in range(1, V):
-                        x = p_row[j] + d[j]
-                        if x > best:
-                            best = x
-                            arg = j
-                    nd[i] = U[t * V + i] + best
-                    bp[i] = <int32_t> arg
+                if columns:
+                    _viterbi_step_columns(
+                        P, U + t * V, d, V, nd, &work[2 * V], &backpointers[t, 0]
+                    )
+                else:
+                    _viterbi_step_rows(P, U + t * V, d, V, nd, &backpointers[t, 0])
                 tmp = d
                 d = nd
                 nd = tmp

@@ -32,12 +32,17 @@ from ._simd import KERNEL_BUILD, baseline_kernels, kernels
 __all__ = ["forward_backward", "viterbi", "log_likelihood", "KERNEL_BUILD"]
 
 # Which build runs which kernel, from benchmarks/bench_builds.py (both
-# builds timed in turn in one process, four runs; doc/benchmarks.rst, "The
-# two builds of the kernels"): the AVX2 build's forward-backward took 0.74
-# to 0.91 times the baseline's at 8 to 45 labels, 0.98 to 1.04 at 5 and
-# 1.04 to 1.15 at 2 and 3; its Viterbi 1.09 to 1.53 times from 5 labels on.
-# So forward-backward runs the AVX2 build (where it runs at all) from
-# FB_AVX2_MIN_LABELS labels on, and everything else the baseline build.
+# builds timed in turn in one process; doc/benchmarks.rst, "The two builds
+# of the kernels"): the AVX2 build's forward-backward took 0.74 to 0.91
+# times the baseline's at 8 to 45 labels, 0.98 to 1.04 at 5 and 1.04 to
+# 1.15 at 2 and 3. So forward-backward runs the AVX2 build (where it runs
+# at all) from FB_AVX2_MIN_LABELS labels on. Viterbi's row-wise step took
+# about the same time in both builds; its column-wise step (vector compares
+# and blends over the labels) was faster than the row-wise one from
+# _chain.VITERBI_COLUMNS_FROM labels on, in the AVX2 build most of all. So
+# Viterbi runs the AVX2 build from there on (where that step runs) and the
+# baseline build below (the two give the same bits: no step of Viterbi
+# rounds differently). The path scores run the baseline build.
 FB_AVX2_MIN_LABELS = 8
 _chain = kernels("_chain")
 _baseline_chain = baseline_kernels("_chain")
@@ -46,6 +51,12 @@ _baseline_chain = baseline_kernels("_chain")
 def _fb_kernels(n_labels):
     """The build of the chain kernels forward-backward runs at ``n_labels``."""
     return _chain if n_labels >= FB_AVX2_MIN_LABELS else _baseline_chain
+
+
+def _viterbi_kernels(n_labels):
+    """The build of the chain kernels Viterbi runs at ``n_labels``."""
+    columns_from = _baseline_chain.VITERBI_COLUMNS_FROM
+    return _chain if n_labels >= columns_from else _baseline_chain
 
 
 # A path score adds at most n_tokens unary and n_tokens pairwise terms; inputs
@@ -328,15 +339,19 @@ def viterbi(unary, pairwise, offsets):
     return _viterbi(*_check_chain(unary, pairwise, offsets, with_samples=False))
 
 
-def _viterbi(unary, pairwise, offsets):
+def _viterbi(unary, pairwise, offsets, by_columns=None):
     """Kernel call on validated arrays (:func:`viterbi`'s checks passed:
-    C-contiguous float64 potentials within the path limit, int64 offsets)."""
+    C-contiguous float64 potentials within the path limit, int64 offsets).
+    ``by_columns`` True or False runs that step of the kernel whatever the
+    labels (for the tests; the same labels and scores to the bit)."""
     n_tokens, n_labels = unary.shape
     longest = int(np.max(np.diff(offsets), initial=0))
     labels = np.zeros(n_tokens, dtype=np.int64)
     scores = np.zeros(offsets.shape[0] - 1)
     backpointers = np.empty((max(1, longest - 1), n_labels), dtype=np.int32)
-    _baseline_chain.viterbi(unary, pairwise, offsets, labels, scores, backpointers)
+    _viterbi_kernels(n_labels).viterbi(
+        unary, pairwise, offsets, labels, scores, backpointers, by_columns
+    )
     return labels, scores
 
 

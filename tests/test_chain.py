@@ -95,6 +95,15 @@ def test_viterbi_matches_reference_and_enumeration(params):
         np.testing.assert_array_equal(labels, best_labels[s])
         np.testing.assert_allclose(scores, best_scores[s], rtol=1e-12, atol=1e-9)
         np.testing.assert_allclose(scores, ref_scores, rtol=1e-12, atol=1e-9)
+        # The kernel's two steps (chosen by the number of labels), each
+        # forced on these small chains: the same bits.
+        for by_columns in (False, True):
+            forced = chain._viterbi(
+                np.ascontiguousarray(unary[s]), np.ascontiguousarray(pairwise[s]),
+                offsets, by_columns=by_columns,
+            )
+            np.testing.assert_array_equal(forced[0], labels)
+            np.testing.assert_array_equal(forced[1], scores)
 
 
 @settings(max_examples=40, deadline=None)
@@ -293,6 +302,45 @@ def test_many_labels_and_sequences_match_reference(n_labels):
     _assert_log_z_close(got[0], expected[0])
     for a, b in zip(got[1:], expected[1:], strict=True):
         np.testing.assert_allclose(a, b, rtol=0, atol=1e-10)
+
+
+@pytest.mark.parametrize("n_labels", [6, 7, 8, 9, 13, 17, 45])
+@pytest.mark.parametrize("kind", ["ties", "normal", "forbidden"])
+def test_viterbi_on_many_labels_matches_reference(n_labels, kind):
+    # Beyond the brute-force range: label counts around the kernel's switch
+    # from its row-wise to its column-wise step (VITERBI_COLUMNS_FROM) and
+    # past the vector widths of the latter (2 or 4 doubles), remainders
+    # included. Small integers make ties common and every sum exact,
+    # so the labellings must be the reference's lowest optimal ones;
+    # "forbidden" transitions (-1e8: the public function refuses infinite
+    # potentials) must never be taken.
+    rng = np.random.default_rng(n_labels)
+    offsets = _offsets(rng.integers(0, 30, 12))
+    shape = (int(offsets[-1]), n_labels)
+    if kind == "ties":
+        unary = rng.integers(-2, 3, shape).astype(float)
+        pairwise = rng.integers(-2, 3, (n_labels, n_labels)).astype(float)
+    else:
+        unary = rng.standard_normal(shape) * 3
+        pairwise = rng.standard_normal((n_labels, n_labels))
+    if kind == "forbidden":
+        forbidden = rng.random(pairwise.shape) < 0.4
+        forbidden[np.arange(n_labels), np.arange(n_labels)] = False  # a way on
+        pairwise[forbidden] = -1e8
+    labels, scores = chain.viterbi(unary, pairwise, offsets)
+    ref_labels, ref_scores = ref.viterbi(unary, pairwise, offsets)
+    np.testing.assert_array_equal(labels, ref_labels)
+    np.testing.assert_allclose(scores, ref_scores, rtol=1e-12, atol=1e-9)
+    for by_columns in (False, True):  # each step of the kernel, forced
+        forced = chain._viterbi(unary, pairwise, offsets, by_columns=by_columns)
+        np.testing.assert_array_equal(forced[0], labels)
+        np.testing.assert_array_equal(forced[1], scores)
+    for n in range(len(offsets) - 1):
+        path = labels[offsets[n]:offsets[n + 1]]
+        got = ref.path_score(unary[offsets[n]:offsets[n + 1]], pairwise, path)
+        np.testing.assert_allclose(got, scores[n], rtol=1e-12, atol=1e-9)
+        if kind == "forbidden":
+            assert not forbidden[path[:-1], path[1:]].any()
 
 
 def test_inputs_are_not_modified_and_layouts_are_accepted():

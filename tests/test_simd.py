@@ -108,6 +108,41 @@ def test_forward_backward_runs_the_avx2_build_from_eight_labels_on():
     assert chain._chain.__name__ == expected[chain.KERNEL_BUILD]
 
 
+def test_viterbi_runs_the_avx2_build_from_its_column_step_on():
+    # Viterbi's row-wise step runs the baseline build, its column-wise step
+    # (from VITERBI_COLUMNS_FROM labels on) the loaded one.
+    import skgpstruct._chain
+
+    columns_from = skgpstruct._chain.VITERBI_COLUMNS_FROM
+    assert columns_from == 10
+    assert chain._viterbi_kernels(columns_from - 1) is skgpstruct._chain
+    assert chain._viterbi_kernels(columns_from) is chain._chain
+
+
+@pytest.mark.parametrize("n_labels", [3, 12, 45])
+def test_both_builds_decode_to_the_same_bits(n_labels):
+    # Viterbi only adds and compares: no step rounds differently in the
+    # AVX2 build (no fused multiply-add), so either build may decode.
+    builds = [p.values[0] for p in compiled_builds("_chain")]
+    if builds[1] is None:
+        pytest.skip("the AVX2 build cannot run here")
+    rng = np.random.default_rng(n_labels)
+    offsets = np.array([0, 40, 41, 41, 90], dtype=np.int64)
+    unary = rng.standard_normal((90, n_labels)) * 5
+    pairwise = rng.standard_normal((n_labels, n_labels))
+    decoded = []
+    for build in builds:
+        for by_columns in (False, True):
+            labels, scores = np.zeros(90, np.int64), np.zeros(4)
+            backpointers = np.empty((48, n_labels), np.int32)
+            build.viterbi(unary, pairwise, offsets, labels, scores, backpointers,
+                          by_columns)
+            decoded.append((labels, scores))
+    for labels, scores in decoded[1:]:
+        np.testing.assert_array_equal(labels, decoded[0][0])
+        np.testing.assert_array_equal(scores, decoded[0][1])
+
+
 def test_an_unknown_choice_is_refused_naming_the_variable(tmp_path):
     run = _run("avx512", tmp_path)
     assert run.returncode != 0
