@@ -485,7 +485,7 @@ def viterbi(
     cdef bint columns = (
         V >= VITERBI_COLUMNS_FROM if by_columns is None else bool(by_columns)
     )
-    cdef double[:, ::1] transposed = np.ascontiguousarray(
+    cdef const double[:, ::1] transposed = np.ascontiguousarray(
         np.asarray(pairwise).T if columns else pairwise
     )
     cdef const double* P = &transposed[0, 0]  # pairwise, or its transpose

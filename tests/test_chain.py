@@ -366,6 +366,30 @@ def test_inputs_are_not_modified_and_layouts_are_accepted():
     chain.forward_backward(readonly, pairwise, offsets)
     got = chain.forward_backward(unary.astype(np.float32), pairwise, offsets)
     assert got[1].dtype == np.float64
+
+
+@pytest.mark.parametrize("n_labels", [3, 12])  # either step of Viterbi
+def test_read_only_inputs_are_accepted(n_labels):
+    rng = np.random.default_rng(n_labels)
+    unary = rng.standard_normal((2, 7, n_labels))
+    pairwise = rng.standard_normal((2, n_labels, n_labels))
+    offsets = np.array([0, 3, 7])
+    expected = (
+        chain.forward_backward(unary, pairwise, offsets),
+        chain.viterbi(unary[0], pairwise[0], offsets),
+        chain.log_likelihood(unary, pairwise, offsets, np.zeros(7, np.int64)),
+    )
+    for array in (unary, pairwise, offsets):
+        array.flags.writeable = False
+    got = (
+        chain.forward_backward(unary, pairwise, offsets),
+        chain.viterbi(unary[0], pairwise[0], offsets),
+        chain.log_likelihood(unary, pairwise, offsets, np.zeros(7, np.int64)),
+    )
+    for a, b in zip(got[:2], expected[:2], strict=True):
+        for x, y in zip(a, b, strict=True):
+            np.testing.assert_array_equal(x, y)
+    np.testing.assert_array_equal(got[2], expected[2])
     labels = chain.viterbi(unary[0].astype(np.float32), pairwise[0], offsets)[0]
     assert labels.dtype == np.int64
 
