@@ -485,10 +485,11 @@ def viterbi(
     cdef bint columns = (
         V >= VITERBI_COLUMNS_FROM if by_columns is None else bool(by_columns)
     )
-    cdef const double[:, ::1] transposed = np.ascontiguousarray(
-        np.asarray(pairwise).T if columns else pairwise
-    )
-    cdef const double* P = &transposed[0, 0]  # pairwise, or its transpose
+    # The row-wise step reads pairwise, the column-wise one its transpose.
+    cdef const double[:, ::1] steps_matrix = pairwise
+    if columns:
+        steps_matrix = np.ascontiguousarray(np.asarray(pairwise).T)
+    cdef const double* P = &steps_matrix[0, 0]
     cdef const double* U
     # d, nd: the suffix scores of this step and the next; then scratch.
     cdef double[::1] work = np.empty(3 * V, dtype=np.float64)
