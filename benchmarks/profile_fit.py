@@ -5,11 +5,12 @@ parameters, as in ``dev_splits.py``) on the training part of one Table 1
 fold with the CRF++ template features, under ``cProfile``, and prints the
 functions with the most time of their own, then the milliseconds per
 iteration of the main parts of an iteration: the ELBO evaluations (and,
-inside them, the stacked potentials, forward-backward and the rest) and
-the L-BFGS direction and memory update. cProfile adds its own overhead to
-every Python call, so read the split, not the total. It also prints how
-many features are active at one training token only, and the number of
-inducing variables of the fit with them collapsed
+inside them, the stacked potentials, forward-backward, the likelihood's
+checks of its inputs and the rest) and the L-BFGS direction and memory
+update, and how many ELBO evaluations the line searches made. cProfile
+adds its own overhead to every Python call, so read the split, not the
+total. It also prints how many features are active at one training token
+only, and the number of inducing variables of the fit with them collapsed
 (``collapse_lone_features``).
 
 Run from the repository root::
@@ -36,6 +37,7 @@ PARTS = (
     ("  stacked samples", "_stacked_unary"),
     ("  stacked gradients", "_stacked_backward"),
     ("  forward-backward", "_forward_backward"),
+    ("  likelihood input checks", "_checked_inputs"),
     ("L-BFGS direction", "inverse_hessian_times"),
     ("L-BFGS memory update", "push"),
 )
@@ -45,6 +47,15 @@ def cumulative_seconds(stats, name):
     """Cumulative seconds of the functions called ``name`` (all files)."""
     return sum(
         entry[3] for (_, _, function), entry in stats.stats.items()
+        if function == name
+    )
+
+
+def call_count(stats, name):
+    """Calls of the functions called ``name`` (all files; every call, the
+    recursive ones included)."""
+    return sum(
+        entry[1] for (_, _, function), entry in stats.stats.items()
         if function == name
     )
 
@@ -95,9 +106,13 @@ def main(argv=None):
     print(f"{args.dataset} fold {args.fold}: {sum(map(len, y))} training tokens, "
           f"{n_iter} iterations, {stats.total_tt:.2f} s under cProfile")
     print(lone_feature_line(X))
+    n_evaluations = call_count(stats, "evaluate")
+    print(f"{n_evaluations} ELBO evaluations ({n_evaluations / n_iter:.2f} per "
+          f"iteration); scipy's line search zoomed {call_count(stats, '_zoom')} "
+          "times")
     print("milliseconds per iteration (cumulative, under cProfile):")
     for label, name in PARTS:
-        print(f"  {label:24s} {1e3 * cumulative_seconds(stats, name) / n_iter:7.2f}")
+        print(f"  {label:26s} {1e3 * cumulative_seconds(stats, name) / n_iter:7.2f}")
 
 
 if __name__ == "__main__":

@@ -882,6 +882,31 @@ def test_profile_fit_sums_a_function_s_cumulative_time(profile_fit):
 
 
 @pytest.mark.shared_data
+def test_profile_fit_counts_every_call_of_a_function(profile_fit):
+    import cProfile
+    import pstats
+
+    def countdown(n):  # recursive: n + 1 calls of its own
+        if n:
+            countdown(n - 1)
+
+    def leaf():
+        pass
+
+    def outer():
+        countdown(2)
+        for _ in range(4):
+            leaf()
+
+    profile = cProfile.Profile()
+    profile.runcall(outer)
+    stats = pstats.Stats(profile)
+    assert profile_fit.call_count(stats, "countdown") == 3
+    assert profile_fit.call_count(stats, "leaf") == 4
+    assert profile_fit.call_count(stats, "outer") == 1
+    assert profile_fit.call_count(stats, "no_such_function") == 0
+
+
 def test_bench_saga_noise_pairs_the_same_fits(bench_saga_noise, shared_data_dir):
     # Three epochs on seg's fold 0: measure() checks that keeping the base
     # samples and drawing them again give the same model.
