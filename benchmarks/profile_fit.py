@@ -43,21 +43,23 @@ PARTS = (
 )
 
 
+def _entries(stats, name):
+    """pstats' ``(primitive calls, calls, own time, cumulative time,
+    callers)`` of every function called ``name`` (all files)."""
+    return [
+        entry for (_, _, function), entry in stats.stats.items() if function == name
+    ]
+
+
 def cumulative_seconds(stats, name):
     """Cumulative seconds of the functions called ``name`` (all files)."""
-    return sum(
-        entry[3] for (_, _, function), entry in stats.stats.items()
-        if function == name
-    )
+    return sum(entry[3] for entry in _entries(stats, name))
 
 
 def call_count(stats, name):
     """Calls of the functions called ``name`` (all files; every call, the
     recursive ones included)."""
-    return sum(
-        entry[1] for (_, _, function), entry in stats.stats.items()
-        if function == name
-    )
+    return sum(entry[1] for entry in _entries(stats, name))
 
 
 def lone_feature_line(X):

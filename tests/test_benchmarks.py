@@ -881,7 +881,6 @@ def test_profile_fit_sums_a_function_s_cumulative_time(profile_fit):
     )
 
 
-@pytest.mark.shared_data
 def test_profile_fit_counts_every_call_of_a_function(profile_fit):
     import cProfile
     import pstats
@@ -907,6 +906,7 @@ def test_profile_fit_counts_every_call_of_a_function(profile_fit):
     assert profile_fit.call_count(stats, "no_such_function") == 0
 
 
+@pytest.mark.shared_data
 def test_bench_saga_noise_pairs_the_same_fits(bench_saga_noise, shared_data_dir):
     # Three epochs on seg's fold 0: measure() checks that keeping the base
     # samples and drawing them again give the same model.
