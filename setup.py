@@ -51,7 +51,10 @@ def extension(name, source, flags=()):
             # the data memory handlers (NEP 49) of skgpstruct._block_cache
             ("NPY_TARGET_VERSION", "NPY_1_22_API_VERSION"),
         ],
-        extra_compile_args=["-O3", "-fno-math-errno", *flags],
+        # -fno-trapping-math: no code here reads or traps on floating-point
+        # exceptions, and without it GCC keeps the selects of branch-free
+        # loops (_chain's exponentials) as branches, unvectorised.
+        extra_compile_args=["-O3", "-fno-math-errno", "-fno-trapping-math", *flags],
     )
 
 

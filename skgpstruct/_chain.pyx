@@ -21,6 +21,7 @@ import numpy as np
 
 from libc.math cimport exp, log, INFINITY
 from libc.stdint cimport int32_t, int64_t
+from libc.string cimport memcpy
 
 # Safety bound of the scaled recursion. With R = max(P) - min(P) <= 300, every
 # entry of E = exp(P - max P) is >= e^-300 (a normal double). The messages
@@ -30,6 +31,12 @@ from libc.stdint cimport int32_t, int64_t
 # Unary potentials may have any range: each token is shifted by its own max.
 cdef double MAX_SCALED_RANGE = 300.0
 cdef double EXP_FLUSH = -708.0
+# The bits of 1.5 * 2^52, the shifter of _polynomial_exp.
+cdef int64_t SHIFTER_BITS = 0x4338000000000000
+# From this many labels on the forward pass takes its exponentials from
+# _polynomial_exp (benchmarks/bench_chain.py; design.rst, "Two builds").
+cdef Py_ssize_t _VECTOR_EXP_MIN_LABELS = 8
+VECTOR_EXP_MIN_LABELS = _VECTOR_EXP_MIN_LABELS
 
 
 cdef inline double _flushed_exp(double x) noexcept nogil:
@@ -37,6 +44,48 @@ cdef inline double _flushed_exp(double x) noexcept nogil:
     if x < EXP_FLUSH:
         return 0.0
     return exp(x)
+
+
+cdef inline double _polynomial_exp(double x) noexcept nogil:
+    """:func:`_flushed_exp` within 2 ulp (exp(0) = 1 exactly), in
+    branch-free arithmetic, so that the compiler vectorises the loops that
+    call it: from ``VECTOR_EXP_MIN_LABELS`` labels on, the forward pass's
+    exponentials (a call to libm per value took a third of its time at 12
+    labels; below 8, the vector loop's setup costs more than it saves).
+
+    ``x = n ln 2 + r`` with ``n`` the nearest integer to ``x / ln 2`` (the
+    shifter's rounding, whose low bits then hold ``n``) and ``|r| <= ln 2 /
+    2``, reduced in two parts (Cody and Waite; fdlibm's split of ln 2, whose
+    high part times ``n`` is exact); ``exp(r)`` is its Taylor polynomial of
+    degree 13 (truncation below 1e-17, relative), and ``2^n`` is built from
+    its exponent bits (``n >= -1022`` above the flush: a normal double).
+    """
+    cdef double xc = x if x > EXP_FLUSH else EXP_FLUSH
+    cdef double t = xc * 1.4426950408889634 + 6755399441055744.0  # 1.5 * 2^52
+    cdef double n = t - 6755399441055744.0
+    cdef double r = (xc - n * 6.93147180369123816490e-01) - n * 1.90821492927058770002e-10
+    cdef double p = 1.0 / 6227020800.0  # 1 / 13!
+    p = p * r + 1.0 / 479001600.0
+    p = p * r + 1.0 / 39916800.0
+    p = p * r + 1.0 / 3628800.0
+    p = p * r + 1.0 / 362880.0
+    p = p * r + 1.0 / 40320.0
+    p = p * r + 1.0 / 5040.0
+    p = p * r + 1.0 / 720.0
+    p = p * r + 1.0 / 120.0
+    p = p * r + 1.0 / 24.0
+    p = p * r + 1.0 / 6.0
+    p = p * r + 0.5
+    p = p * r + 1.0
+    p = p * r + 1.0
+    cdef int64_t bits
+    memcpy(&bits, &t, 8)
+    # t's bits minus the shifter's are n; (n + 1023) << 52 is 2^n.
+    bits = (bits - SHIFTER_BITS + 1023) << 52
+    cdef double scale
+    memcpy(&scale, &bits, 8)
+    p = p * scale  # computed before the select: the loops stay branch-free
+    return p if x >= EXP_FLUSH else 0.0
 
 
 cdef inline double _row_max(const double* x, Py_ssize_t n) noexcept nogil:
@@ -100,39 +149,49 @@ cdef inline void _vector_matrix(
 cdef double _forward_scaled(
     const double* U, const double* E, double log_e_max, Py_ssize_t V,
     Py_ssize_t T, double* alpha, Py_ssize_t stride, double* s_buf,
-    double* ex,
+    double* ex, double* e_buf,
 ) noexcept nogil:
     """Normalised forward messages; returns log Z of the sequence.
 
     ``U`` holds T rows of V unary potentials, ``E`` = exp(P - log_e_max).
     Row t of the messages is written at ``alpha + t * stride``; a stride of 0
     keeps only the last row (log Z only). Unless ``ex`` is NULL, row t of
-    ``ex`` (T x V) receives exp(U[t] - max U[t]), for the backward pass.
+    ``ex`` (T x V) receives exp(U[t] - max U[t]), for the backward pass;
+    otherwise each row goes to ``e_buf`` (V values) in turn.
     """
-    cdef Py_ssize_t t, i, j
+    cdef Py_ssize_t t, j
     cdef double umax, c, inv, e, log_z = 0.0
     cdef const double* u_row
+    cdef double* e_row
     cdef double* a
     cdef double* prev
     for t in range(T):
         u_row = U + t * V
         a = alpha + t * stride
         umax = _row_max(u_row, V)
-        if t == 0:
-            for j in range(V):
-                e = _flushed_exp(u_row[j] - umax)
-                if ex != NULL:
-                    ex[j] = e
-                a[j] = e
-        else:
+        if t > 0:
             prev = alpha + (t - 1) * stride
             _vector_matrix(prev, E, V, s_buf)
+            log_z += log_e_max
+        if V >= _VECTOR_EXP_MIN_LABELS:
+            # The exponentials in a loop of their own, which the compiler
+            # vectorises.
+            e_row = ex + t * V if ex != NULL else e_buf
+            for j in range(V):
+                e_row[j] = _polynomial_exp(u_row[j] - umax)
+            if t == 0:
+                for j in range(V):
+                    a[j] = e_row[j]
+            else:
+                for j in range(V):
+                    a[j] = e_row[j] * s_buf[j]
+        else:
+            # One loop (three short ones cost more than they save).
             for j in range(V):
                 e = _flushed_exp(u_row[j] - umax)
                 if ex != NULL:
                     ex[t * V + j] = e
-                a[j] = e * s_buf[j]
-            log_z += log_e_max
+                a[j] = e if t == 0 else e * s_buf[j]
         c = 0.0
         for j in range(V):
             c += a[j]
@@ -380,7 +439,7 @@ def forward_backward(
                 alpha = &marginals[s, start, 0] if with_marginals else roll
                 if scaled:
                     log_z[s, n] = _forward_scaled(
-                        U, E, p_max, V, T, alpha, stride, v0, ex)
+                        U, E, p_max, V, T, alpha, stride, v0, ex, v3)
                 else:
                     log_z[s, n] = _forward_log(U, ET, V, T, alpha, stride, v0)
                 if not with_marginals:
@@ -551,3 +610,17 @@ def path_scores(
                     if t + 1 < stop:
                         total += pairwise[s, labels[t], labels[t + 1]]
                 scores[s, n] = total
+
+
+def flushed_exp(const double[::1] x, double[::1] out, bint polynomial):
+    """``out = exp(x)`` as the scaled recursion computes it (for ``x <= 0``:
+    0 below ``EXP_FLUSH``), element by element, from libm or (``polynomial``)
+    from the vectorised polynomial; for the tests."""
+    cdef Py_ssize_t i
+    with nogil:
+        if polynomial:
+            for i in range(x.shape[0]):
+                out[i] = _polynomial_exp(x[i])
+        else:
+            for i in range(x.shape[0]):
+                out[i] = _flushed_exp(x[i])

@@ -302,3 +302,54 @@ def backward(
                     acc = acc + row_g[kv * S + s]
                 d_cs[m, kv] += acc
                 d_cm[m, kv] += dm[kv]
+
+
+# Inducing variables per block of inducing_gradient (its sums' rows stay in
+# the first-level cache).
+cdef enum:
+    _GRADIENT_BLOCK = 128
+
+
+def inducing_gradient(
+    const double[::1] c,
+    const double[:, :, ::1] q_mu,
+    const double[:, :, ::1] q_sqrt,
+    const double[:, ::1] d_cm,
+    const double[:, ::1] d_cs,
+    double[:, :, ::1] grad_mu,
+    double[:, :, ::1] grad_sqrt,
+    double[::1] d_scales,
+):
+    """:func:`backward`'s sums as gradients of the parameters and the scales.
+
+    With ``d_cm`` and ``d_cs`` (n_inducing, K * V) the derivatives with
+    respect to ``c * q_mu`` and ``c * q_sqrt`` by inducing variable, writes
+    ``grad_mu[k, v, m] = c[m] d_cm[m, kv]``, the same for ``grad_sqrt`` from
+    ``d_cs`` (both (K, V, n_inducing), the parameters' own layout) and
+    ``d_scales[m] = sum_kv q_mu[k, v, m] d_cm[m, kv] + q_sqrt[k, v, m]
+    d_cs[m, kv]``, all overwritten: one pass where NumPy's broadcast
+    products, transposed copies and contractions make six over arrays of
+    ``K * V`` columns.
+    """
+    cdef Py_ssize_t K = q_mu.shape[0], V = q_mu.shape[1], M = q_mu.shape[2]
+    cdef Py_ssize_t block, m, m0, m1, k, v, kv
+    cdef double a, b
+    with nogil:
+        # Blocks of inducing variables, label by label within a block: every
+        # array is then read and written in runs of contiguous values (the
+        # parameters' rows and the sums' columns), which a loop over the
+        # variables with all labels inside would visit K * V rows apart.
+        for block in range((M + _GRADIENT_BLOCK - 1) // _GRADIENT_BLOCK):
+            m0 = block * _GRADIENT_BLOCK
+            m1 = min(m0 + _GRADIENT_BLOCK, M)
+            for m in range(m0, m1):
+                d_scales[m] = 0.0
+            for k in range(K):
+                for v in range(V):
+                    kv = k * V + v
+                    for m in range(m0, m1):
+                        a = d_cm[m, kv]
+                        b = d_cs[m, kv]
+                        grad_mu[k, v, m] = c[m] * a
+                        grad_sqrt[k, v, m] = c[m] * b
+                        d_scales[m] += q_mu[k, v, m] * a + q_sqrt[k, v, m] * b

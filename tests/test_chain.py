@@ -612,3 +612,48 @@ def test_path_limit_check_refuses_long_chains_without_overflowing():
             chain.forward_backward(unary, pairwise, [0, T])
         with pytest.raises(ValueError, match=r"^unary and pairwise\b"):
             chain.viterbi(unary[0], pairwise[0], [0, T])
+
+
+@pytest.mark.parametrize("polynomial", [False, True], ids=["libm", "polynomial"])
+def test_scaled_recursion_exponential_is_numpy_s_to_two_ulp(chain_build, polynomial):
+    # Both exponentials of the scaled recursion (libm's, and the branch-free
+    # polynomial of VECTOR_EXP_MIN_LABELS labels and more) against NumPy's on
+    # their whole domain (shifted potentials, x <= 0): within 2 units in the
+    # last place, exp(0) = 1 exactly, 0 below the flush at -708 (no
+    # subnormal messages), and a normal double just above it.
+    rng = np.random.default_rng(3)
+    x = np.concatenate([
+        -rng.exponential(3.0, 200_000), -rng.uniform(0.0, 708.0, 200_000),
+        -np.log(2) / 2 + np.array([-1e-16, 0.0, 1e-16]),  # reduction's edge
+        [0.0, -5e-324, -1e-300, -707.9999, -708.0],
+    ])
+    out = np.empty_like(x)
+    chain_build.flushed_exp(x, out, polynomial)
+    expected = np.exp(x)
+    assert np.all(np.abs(out - expected) <= 2 * np.spacing(expected))
+    assert out[-5] == 1.0 and out[-4] == 1.0
+    assert out[-1] > np.finfo(float).tiny  # exp(-708) is normal
+    below = np.array([-708.0001, -745.0, -1e300, -np.inf])
+    flushed = np.full_like(below, np.nan)
+    chain_build.flushed_exp(below, flushed, polynomial)
+    np.testing.assert_array_equal(flushed, 0.0)
+
+
+def test_forward_backward_takes_both_exponentials_to_rounding(chain_build):
+    # On both sides of VECTOR_EXP_MIN_LABELS the compiled marginals and log Z
+    # match the log-space reference of the tests (a different exponential
+    # and recursion) to rounding, on long sequences with large potentials.
+    threshold = chain_build.VECTOR_EXP_MIN_LABELS
+    for n_labels in (threshold - 1, threshold, threshold + 4):
+        unary, pairwise, offsets, _ = _problem(
+            7, 2, n_labels, [1, 60, 300], 30.0, 3.0
+        )
+        log_z, marginals, pair = chain._forward_backward(
+            unary, pairwise, offsets, True
+        )
+        ref_log_z, ref_marginals, ref_pair = ref.forward_backward(
+            unary, pairwise, offsets
+        )
+        np.testing.assert_allclose(log_z, ref_log_z, rtol=1e-12)
+        np.testing.assert_allclose(marginals, ref_marginals, rtol=1e-9, atol=1e-12)
+        np.testing.assert_allclose(pair, ref_pair, rtol=1e-9, atol=1e-10)

@@ -968,6 +968,40 @@ def test_stacked_kernels_against_dense_products(stacked_kernels):
 
 
 @pytest.mark.parametrize("stacked_kernels", compiled_builds("_stacked"))
+@pytest.mark.parametrize("shape", [(1, 12, 300), (2, 3, 129), (1, 1, 1)])
+def test_stacked_inducing_gradient_is_the_chain_rule_through_the_scales(
+    stacked_kernels, shape
+):
+    # The compiled chain rule from the sums by inducing variable (M, K * V)
+    # to the parameters' gradients (K, V, M) and the scales' gradient,
+    # against NumPy's broadcast products and contractions; shapes below, at
+    # and across the kernel's block of 128 variables.
+    K, V, M = shape
+    rng = np.random.default_rng(5)
+    c = rng.uniform(0.5, 2.0, M)
+    q_mu, q_sqrt = rng.normal(size=shape), rng.uniform(0.1, 2.0, shape)
+    d_cm, d_cs = rng.normal(size=(M, K * V)), rng.normal(size=(M, K * V))
+    grad_mu, grad_sqrt = np.full(shape, np.nan), np.full(shape, np.nan)
+    d_scales = np.full(M, np.nan)  # every output overwritten
+    stacked_kernels.inducing_gradient(
+        c, q_mu, q_sqrt, d_cm, d_cs, grad_mu, grad_sqrt, d_scales
+    )
+    by_variable = (M, K, V)
+    np.testing.assert_allclose(
+        grad_mu, (c[:, None] * d_cm).reshape(by_variable).transpose(1, 2, 0),
+        rtol=1e-15,
+    )
+    np.testing.assert_allclose(
+        grad_sqrt, (c[:, None] * d_cs).reshape(by_variable).transpose(1, 2, 0),
+        rtol=1e-15,
+    )
+    expected = np.einsum("kvm,mkv->m", q_mu, d_cm.reshape(by_variable)) + np.einsum(
+        "kvm,mkv->m", q_sqrt, d_cs.reshape(by_variable)
+    )
+    np.testing.assert_allclose(d_scales, expected, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("stacked_kernels", compiled_builds("_stacked"))
 @pytest.mark.parametrize("dtype", [np.float64, np.float32])
 def test_stacked_kernels_against_the_sparse_product_reference(dtype, stacked_kernels):
     # The compiled loops against scipy's sparse products

@@ -251,7 +251,6 @@ def chunk_terms(chunk, shared, local=False):
 
 def _chunk_terms(chunk, shared, local):
     """:func:`chunk_terms` with the sequences numbered within the chunk."""
-    rng = _chunk_rng(chunk, shared.iteration_key)
     if local and shared.estimator != "pathwise":
         raise ValueError("local gradients need the pathwise estimator")
     if shared.iteration_key > 0 and shared.estimator == "pathwise":
@@ -259,7 +258,7 @@ def _chunk_terms(chunk, shared, local):
     stacked = _stacked(shared, chunk)
     if stacked is not None and shared.estimator == "pathwise":
         cache = chunk.noise_cache if shared.iteration_key == 0 else None
-        out, d_scales = _pathwise_stacked(chunk, shared, stacked, rng, cache, local)
+        out, d_scales = _pathwise_stacked(chunk, shared, stacked, cache, local)
         if shared.need_kernel_gradient:
             out["inducing_state"], out["theta"] = shared.inducing.stacked_backward(
                 shared.kernel, stacked, d_scales
@@ -272,6 +271,7 @@ def _chunk_terms(chunk, shared, local):
         shared.kernel, shared.inducing_state, chunk.X, chunk.offsets, chunk.layout
     )
     residual_sd = np.sqrt(projection.residual + shared.residual_floor)
+    rng = _chunk_rng(chunk, shared.iteration_key)
     if shared.estimator == "pathwise":
         cache = chunk.noise_cache if shared.iteration_key == 0 else None
         out, d_B, d_residual_sd = _pathwise(
@@ -628,10 +628,10 @@ def expand_local(chunk, shared, local, iteration_key, noise=None):
         state = _stacked_state(
             params, stacked, shared.residual_floor, shared.sample_dtype
         )
-        return _stacked_inducing_gradient(
-            state, *_stacked_backward(state, local, eps, xi),
-            params.q_mu.shape,
+        grad_mu, grad_sqrt, _ = _stacked_inducing_gradient(
+            state, *_stacked_backward(state, local, eps, xi), params
         )
+        return grad_mu, grad_sqrt
     projection = shared.inducing.project(
         shared.kernel, shared.inducing_state, chunk.X, chunk.offsets, chunk.layout
     )
@@ -801,16 +801,25 @@ def _stacked_backward(state, g_unary, eps, xi):
     return d_cm, d_cs
 
 
-def _stacked_inducing_gradient(state, d_cm, d_cs, shape):
-    """q_mu and q_sqrt gradients of ``shape`` (K, V, n_inducing)."""
-    K, V, M = shape
-    c = state.c64[:, None]
-    grad_mu = (c * d_cm).reshape(M, K, V).transpose(1, 2, 0)
-    grad_sqrt = (c * d_cs).reshape(M, K, V).transpose(1, 2, 0)
-    return np.ascontiguousarray(grad_mu), np.ascontiguousarray(grad_sqrt)
+def _stacked_inducing_gradient(state, d_cm, d_cs, params):
+    """q_mu and q_sqrt gradients (K, V, n_inducing), and the scales'.
+
+    From :func:`_stacked_backward`'s ``d_cm`` and ``d_cs``: the chain rule
+    through ``c * q_mu`` and ``c * q_sqrt``, with
+    ``d c = m . d_cm + s . d_cs`` per inducing variable (``m`` and ``s``
+    in double precision; ``skgpstruct._stacked.inducing_gradient``).
+    """
+    grad_mu, grad_sqrt = np.empty(params.q_mu.shape), np.empty(params.q_mu.shape)
+    d_scales = np.empty(d_cm.shape[0])
+    stacked_kernels.inducing_gradient(
+        state.c64, np.ascontiguousarray(params.q_mu),
+        np.ascontiguousarray(params.q_sqrt), d_cm, d_cs, grad_mu, grad_sqrt,
+        d_scales,
+    )
+    return grad_mu, grad_sqrt, d_scales
 
 
-def _pathwise_stacked(chunk, shared, stacked, rng, cache=None, local=False):
+def _pathwise_stacked(chunk, shared, stacked, cache=None, local=False):
     """:func:`_pathwise` with all the chunk's sequences at once (compiled loops).
 
     The same distribution of the unary potentials as the per-sequence loop
@@ -829,6 +838,9 @@ def _pathwise_stacked(chunk, shared, stacked, rng, cache=None, local=False):
     if cache is not None and key in cache:
         eps, xi = cache[key]
     else:
+        # The chunk's generator, made only here: with the noise cached
+        # (batch fits) most evaluations need none.
+        rng = _chunk_rng(chunk, shared.iteration_key)
         eps, xi = _stacked_noise(params, stacked, S, rng, T, dtype)
         if cache is not None and eps.nbytes + xi.nbytes <= NOISE_CACHE_BYTES:
             cache[key] = (eps, xi)
@@ -849,13 +861,8 @@ def _pathwise_stacked(chunk, shared, stacked, rng, cache=None, local=False):
     log_p = log_p.reshape(K, S, chunk.n_sequences)
     g_unary = g_unary.reshape(K, S, T, V) * (params.weights / S)[:, None, None, None]
     d_cm, d_cs = _stacked_backward(state, g_unary, eps, xi)
-    grad_mu, grad_sqrt = _stacked_inducing_gradient(
-        state, d_cm, d_cs, params.q_mu.shape
-    )
-    # d c = m . d_cm + s . d_cs, per inducing variable (m and s in double)
-    M = d_cm.shape[0]
-    d_scales = np.einsum("kvm,mkv->m", params.q_mu, d_cm.reshape(M, K, V)) + np.einsum(
-        "kvm,mkv->m", params.q_sqrt, d_cs.reshape(M, K, V)
+    grad_mu, grad_sqrt, d_scales = _stacked_inducing_gradient(
+        state, d_cm, d_cs, params
     )
     out = _pathwise_summary(shared, log_p, g_pair)
     out["q_mu"], out["q_sqrt"] = grad_mu, grad_sqrt
