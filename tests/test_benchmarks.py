@@ -906,6 +906,40 @@ def test_profile_fit_counts_every_call_of_a_function(profile_fit):
     assert profile_fit.call_count(stats, "no_such_function") == 0
 
 
+def test_profile_fit_wall_clock_times_and_restores_the_parts(profile_fit):
+    # The timers replace a module's function and a class's method while the
+    # context is open (calls through the owner see them), count a
+    # recursive call once, and put the originals back on exit.
+    import time
+    import types
+
+    def nap(seconds, depth=0):
+        time.sleep(seconds)
+        if depth:
+            return owner.nap(0.0, depth - 1)  # through the owner: timed
+        return "done"
+
+    class Counter:
+        def step(self):
+            return 1
+
+    owner = types.SimpleNamespace(nap=nap)
+    original_step = Counter.step
+    parts = [("nap", owner, "nap"), ("step", Counter, "step")]
+    with profile_fit.WallClock(parts) as clock:
+        assert owner.nap(0.02, depth=2) == "done"
+        assert [Counter().step() for _ in range(3)] == [1, 1, 1]
+    assert clock.calls == {"nap": 1, "step": 3}
+    assert 0.015 < clock.seconds["nap"] < 1.0
+    assert 0.0 < clock.seconds["step"] < clock.seconds["nap"]
+    assert owner.nap is nap and Counter.step is original_step
+    # The parts the script times exist where it looks for them.
+    for _, part_owner, attribute in profile_fit.WALL_PARTS:
+        assert callable(getattr(part_owner, attribute))
+    labels = {label for label, _, _ in profile_fit.WALL_PARTS}
+    assert set(profile_fit.WALL_IN_RUN) <= labels
+
+
 @pytest.mark.shared_data
 def test_bench_saga_noise_pairs_the_same_fits(bench_saga_noise, shared_data_dir):
     # Three epochs on seg's fold 0: measure() checks that keeping the base
