@@ -34,8 +34,19 @@ cdef double EXP_FLUSH = -708.0
 # The bits of 1.5 * 2^52, the shifter of _polynomial_exp.
 cdef int64_t SHIFTER_BITS = 0x4338000000000000
 # From this many labels on the forward pass takes its exponentials from
-# _polynomial_exp (benchmarks/bench_chain.py; design.rst, "Two builds").
-cdef Py_ssize_t _VECTOR_EXP_MIN_LABELS = 8
+# _polynomial_exp: 8 in the AVX2 build (four doubles per vector), 12 in the
+# baseline one (two), where it gained from 12 labels and lost at 8
+# (design.rst, "Two builds of the hot kernels").
+cdef extern from *:
+    """
+    #if defined(__AVX2__)
+    #define SKGPSTRUCT_VECTOR_EXP_MIN_LABELS 8
+    #else
+    #define SKGPSTRUCT_VECTOR_EXP_MIN_LABELS 12
+    #endif
+    """
+    const Py_ssize_t SKGPSTRUCT_VECTOR_EXP_MIN_LABELS
+cdef Py_ssize_t _VECTOR_EXP_MIN_LABELS = SKGPSTRUCT_VECTOR_EXP_MIN_LABELS
 VECTOR_EXP_MIN_LABELS = _VECTOR_EXP_MIN_LABELS
 
 
@@ -49,9 +60,10 @@ cdef inline double _flushed_exp(double x) noexcept nogil:
 cdef inline double _polynomial_exp(double x) noexcept nogil:
     """:func:`_flushed_exp` within 2 ulp (exp(0) = 1 exactly), in
     branch-free arithmetic, so that the compiler vectorises the loops that
-    call it: from ``VECTOR_EXP_MIN_LABELS`` labels on, the forward pass's
-    exponentials (a call to libm per value took a third of its time at 12
-    labels; below 8, the vector loop's setup costs more than it saves).
+    call it: from ``VECTOR_EXP_MIN_LABELS`` labels on (8 in the AVX2 build,
+    12 in the baseline one), the forward pass's exponentials (a call to
+    libm per value took a third of its time at 12 labels; on fewer labels
+    the vector loop's setup costs more than it saves).
 
     ``x = n ln 2 + r`` with ``n`` the nearest integer to ``x / ln 2`` (the
     shifter's rounding, whose low bits then hold ``n``) and ``|r| <= ln 2 /
@@ -185,13 +197,19 @@ cdef double _forward_scaled(
             else:
                 for j in range(V):
                     a[j] = e_row[j] * s_buf[j]
+        # One loop (three short ones cost more than they save).
+        elif t == 0:
+            for j in range(V):
+                e = _flushed_exp(u_row[j] - umax)
+                if ex != NULL:
+                    ex[j] = e
+                a[j] = e
         else:
-            # One loop (three short ones cost more than they save).
             for j in range(V):
                 e = _flushed_exp(u_row[j] - umax)
                 if ex != NULL:
                     ex[t * V + j] = e
-                a[j] = e if t == 0 else e * s_buf[j]
+                a[j] = e * s_buf[j]
         c = 0.0
         for j in range(V):
             c += a[j]
