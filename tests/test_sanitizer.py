@@ -26,7 +26,11 @@ from skgpstruct import chain
 # the wrappers call the kernels through these names
 chain._chain = chain._baseline_chain = _chain_asan
 rng = np.random.default_rng(0)
-for V in (1, 2, 3, 4):
+# 12 and 13 labels: the polynomial exponentials of the baseline build
+# (VECTOR_EXP_MIN_LABELS), written row by row into the backward pass's
+# buffer or, for log Z alone, into one row of scratch
+for V in (1, 2, 3, 4, _chain_asan.VECTOR_EXP_MIN_LABELS,
+          _chain_asan.VECTOR_EXP_MIN_LABELS + 1):
     for lengths in ([3, 0, 5, 1], [7], [2, 2, 9], [1], [0, 4]):
         offsets = np.concatenate([[0], np.cumsum(lengths)]).astype(np.int64)
         for pair_scale in (1.0, 400.0):  # scaled and log-space recursions
@@ -52,7 +56,8 @@ def test_chain_kernels_stay_within_their_buffers_under_address_sanitizer(tmp_pat
 # with no visible effect on the results. The exercise runs the three
 # kernels in both precisions on random splits (lone, drawn and idle rows,
 # tokens without entries) and batch, stochastic and prediction calls of
-# small fits through the estimator.
+# small fits through the estimator; and the gradients' chain rule to the
+# parameters (inducing_gradient) on its own.
 _STACKED_ASAN_EXERCISE = """
 import sys
 import warnings
@@ -89,6 +94,14 @@ for dtype in (np.float32, np.float64):
         d_cm, d_cs = np.zeros((2, n_inducing, KV))
         _stacked_asan.backward(*split.lone_entries(dtype), *by_row, c, sd, token_sd,
                                eps, xi, rng.normal(size=f.shape), d_cm, d_cs)
+# the chain rule to the parameters, below, at and across its block of 128
+for K, V, M in [(1, 1, 1), (2, 3, 128), (1, 5, 130)]:
+    q_mu, q_sqrt = rng.normal(size=(2, K, V, M))
+    grads = np.empty((2, K, V, M))
+    _stacked_asan.inducing_gradient(
+        rng.uniform(0.5, 2.0, M), q_mu, q_sqrt, *rng.normal(size=(2, M, K * V)),
+        grads[0], grads[1], np.empty(M),
+    )
 warnings.simplefilter("ignore")
 X, y = make_sequences(30, n_features=12, sparse=True, random_state=0)
 for params in ({"max_iter": 5}, {"optimizer": "stochastic", "max_iter": 2}):
