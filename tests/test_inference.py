@@ -975,7 +975,9 @@ def test_stacked_inducing_gradient_is_the_chain_rule_through_the_scales(
     # The compiled chain rule from the sums by inducing variable (M, K * V)
     # to the parameters' gradients (K, V, M) and the scales' gradient,
     # against NumPy's broadcast products and contractions; shapes below, at
-    # and across the kernel's block of 128 variables.
+    # and across the kernel's block of 128 variables. That the formula is
+    # the derivative is test_pathwise_gradient_matches_finite_differences'
+    # check (the stacked path, kernel hyperparameters included).
     K, V, M = shape
     rng = np.random.default_rng(5)
     c = rng.uniform(0.5, 2.0, M)
