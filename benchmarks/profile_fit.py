@@ -56,8 +56,8 @@ PARTS = (
     ("  stacked gradients", terms, "_stacked_backward"),
     ("  forward-backward", chain, "_forward_backward"),
     ("  likelihood input checks", likelihood_base, "_checked_inputs"),
-    ("L-BFGS direction", lbfgs._CompactMemory, "inverse_hessian_times"),
-    ("L-BFGS memory update", lbfgs._CompactMemory, "push"),
+    ("L-BFGS direction", lbfgs._LBFGSMemory, "inverse_hessian_times"),
+    ("L-BFGS memory update", lbfgs._LBFGSMemory, "push"),
 )
 #: What ``--timer wall`` times: the whole L-BFGS run too.
 WALL_PARTS = (("L-BFGS run", estimator_module, "minimize_lbfgs"), *PARTS)

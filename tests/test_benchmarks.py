@@ -75,6 +75,7 @@ bench_hashed = _module_fixture("bench_hashed")
 bench_chain = _module_fixture("bench_chain")
 bench_checkouts = _module_fixture("bench_checkouts")
 bench_builds = _module_fixture("bench_builds")
+bench_lbfgs = _module_fixture("bench_lbfgs")
 
 
 @pytest.mark.parametrize("log_space", [False, True])
@@ -1722,6 +1723,58 @@ def test_quoted_tables_match_benchmark_md(common):
 # finite pairs are skipped") is cheap to pin down. Optional.
 def test_paired_difference_skips_a_nan_in_either_column(common):
     assert common.paired_difference([1.0, 2.0], [np.nan, 1.0]) == ("+1.00", "0 of 1")
+
+
+def test_bench_lbfgs_fits_with_each_initial_matrix_and_counts_evaluations(
+    bench_lbfgs, monkeypatch
+):
+    from skgpstruct import _estimator as estimator_module
+    from skgpstruct.datasets import make_sequences
+    from skgpstruct.inference import elbo
+    from skgpstruct.optim import lbfgs
+
+    X, y = make_sequences(12, random_state=3, length_range=(3, 8))
+    seen = []
+    real = lbfgs.minimize_lbfgs
+
+    def recording(*args, initial="diagonal", **kwargs):
+        seen.append(initial)
+        return real(*args, initial=initial, **kwargs)
+
+    monkeypatch.setattr(estimator_module, "minimize_lbfgs", recording)
+    evaluate = elbo.SparseELBO.evaluate
+    records = {
+        initial: bench_lbfgs.fit(X, y, initial) for initial in ("scalar", "diagonal")
+    }
+    assert seen == ["scalar", "diagonal"]
+    # both put back when the fits end
+    assert estimator_module.minimize_lbfgs is recording
+    assert elbo.SparseELBO.evaluate is evaluate
+    for rec in records.values():
+        # one evaluation at the start, at least one per iteration
+        assert rec["evaluations"] >= rec["n_iter"] + 1 and rec["n_iter"] >= 5
+        assert rec["seconds"] > 0
+    # the same objective, optimised to its tolerance either way
+    elbos = [records[initial]["elbo"] for initial in ("diagonal", "scalar")]
+    assert elbos[0] == pytest.approx(elbos[1], rel=1e-3)
+
+
+def test_bench_lbfgs_variants_take_the_inverse_diagonal(bench_lbfgs):
+    rng = np.random.default_rng(4)
+    n = 9
+    variants = (("inverse-diagonal", False), ("secant-inverse-diagonal", True))
+    for name, secant in variants:
+        initial, memory_class = bench_lbfgs.VARIANTS[name]
+        assert initial == "diagonal"
+        memory = memory_class(n, 3)
+        for _ in range(4):
+            s = rng.normal(size=n)
+            y = 2.0 * s + 0.1 * rng.normal(size=n)
+            assert memory.push(s, y)
+            expected = 1.0 / memory.hessian_diagonal
+            if secant:
+                expected *= (s @ y) / (y @ (expected * y))
+            np.testing.assert_allclose(memory.initial_diagonal, expected, rtol=1e-12)
 
 
 def test_bench_checkouts_summary_keeps_each_folds_best_time(bench_checkouts):

@@ -3142,9 +3142,11 @@ def test_a_learned_pairwise_prior_variance_starts_inside_its_range(start):
 
 def test_a_pairwise_prior_variance_learned_on_its_bound_is_given_back():
     # Transitions carry every label (they alternate; the features say
-    # nothing): the variance ends on its upper bound, 1e4 or, by rounding,
-    # just above it (exp(log(1e4))), which the range check refused when
-    # given back, as the ESS error and the user guide advise. A warm start
+    # nothing): the variance ends on its upper bound, which the smooth box
+    # approaches without reaching (the fit stops on its tol within 1e-3 of
+    # it), or, given back, 1e4 or by rounding just above it
+    # (exp(log(1e4))), which the range check refused, as the ESS error and
+    # the user guide advise. A warm start
     # from that bound continues there (a margin moved it inside and the
     # ELBO fell), a fresh fit from it starts inside and comes back.
     rng = np.random.default_rng(0)
@@ -3154,7 +3156,7 @@ def test_a_pairwise_prior_variance_learned_on_its_bound_is_given_back():
         warnings.simplefilter("ignore", ConvergenceWarning)
         model = GPStructClassifier(random_state=0, max_iter=200).fit(X, y)
         learned = model.pairwise_prior_variance_
-        assert learned == pytest.approx(1e4, rel=1e-6)
+        assert learned == pytest.approx(1e4, rel=1e-3)
         model.set_params(warm_start=True, max_iter=1).fit(X, y)
         assert model.elbo_history_[-1] >= model.elbo_history_[-2] - 1e-9
         for given in (learned, 1e4 * (1 + 1e-15), 1e-4):

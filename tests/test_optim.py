@@ -5,13 +5,15 @@ import pytest
 from scipy.optimize import rosen, rosen_der
 
 from skgpstruct._linalg import same_vector
+from skgpstruct._vectors import diagonal_bfgs_update, secant_inverse_sqrt
 from skgpstruct.optim import lbfgs as lbfgs_module
 from skgpstruct.optim import minimize_lbfgs, minimize_lbfgs_rounds
 from skgpstruct.optim.box import SmoothBox, bound_arrays
-from skgpstruct.optim.lbfgs import _CompactMemory
+from skgpstruct.optim.lbfgs import INITIAL_MATRICES, _LBFGSMemory
 
 # One coordinate of every kind: both bounds, lower only, upper only, none.
 BOUNDS = [(-2.0, 3.0), (0.5, None), (None, -1.0), (None, None)]
+INITIAL = list(INITIAL_MATRICES)
 
 
 def _box():
@@ -104,6 +106,45 @@ def test_smooth_box_is_the_identity_well_inside():
     np.testing.assert_allclose(box.chain(z, np.ones(2)), 1.0, atol=1e-10)
 
 
+def test_longest_step_keeps_bounded_coordinates_near_their_bounds():
+    # Bounds: both, lower only, upper only, none (BOUNDS). From z along p,
+    # each bounded coordinate moving towards its bound may go 2 beyond it,
+    # or 2 beyond itself when it is already beyond.
+    box = _box()
+    z = np.array([0.0, 1.0, 5.0, 0.0])
+    cases = [
+        # coordinate 0 up to 3 + 2 at speed 1: alpha 5
+        (np.array([1.0, 0.0, 0.0, 0.0]), 5.0),
+        # coordinate 1 from 1 down to 0.5 - 2 at speed 3: alpha 2.5 / 3
+        # (coordinate 0 up: 5 / 2)
+        (np.array([2.0, -3.0, 0.0, 0.0]), 2.5 / 3.0),
+        # coordinate 2 is beyond its upper bound -1 already: 2 beyond itself
+        (np.array([0.0, 0.0, 4.0, 0.0]), 0.5),
+        # moving away from every bound, or unbounded: nothing limits
+        (np.array([0.0, 1.0, -1.0, 100.0]), np.inf),
+        (np.zeros(4), np.inf),
+    ]
+    for p, expected in cases:
+        assert box.longest_step(z, p, 2.0) == pytest.approx(expected, rel=1e-15)
+
+
+def test_line_search_never_tries_beyond_its_longest_step():
+    # f(z) = |z|^2 from (1, 1) along -g: the unit step overshoots the
+    # minimum (at 0.5); capped at 0.1, every trial and the step are 0.1 at
+    # most, and the step still decreases f.
+    z = np.array([1.0, 1.0])
+    objective = lbfgs_module._Objective(
+        lambda x: (-float(x @ x), -2.0 * x), SmoothBox(*bound_arrays(None, 2))
+    )
+    f, g = objective(z)
+    step = lbfgs_module._line_search(objective, z, f, g, -g, longest=0.1)
+    assert step is not None and step[1] < f
+    assert objective.steps and max(a for a, _ in objective.steps) <= 0.1 + 1e-15
+    alpha = (z[0] - step[0][0]) / g[0]  # the step is z - alpha g
+    assert 0 < alpha <= 0.1 + 1e-15
+    np.testing.assert_allclose(step[0], z - alpha * g, rtol=1e-14)
+
+
 def test_smooth_box_chain_matches_finite_differences():
     box = _box()
     rng = np.random.default_rng(1)
@@ -167,8 +208,10 @@ def _maximise(fun, jac):
     return value_and_grad, points
 
 
-def _two_loop(pairs, g):
-    """Textbook two-loop recursion (Nocedal and Wright, Algorithm 7.4): H g."""
+def _two_loop(pairs, g, initial=None):
+    """Textbook two-loop recursion (Nocedal and Wright, Algorithm 7.4): H g,
+    with ``H0 = diag(initial)``, or ``gamma I`` of the newest pair (their
+    eq. 7.20) when None."""
     q = np.array(g, dtype=np.float64)
     alphas = []
     for s, y in reversed(pairs):
@@ -176,11 +219,27 @@ def _two_loop(pairs, g):
         q -= alpha * y
         alphas.append(alpha)
     s, y = pairs[-1]
-    r = (s @ y) / (y @ y) * q
+    r = (s @ y) / (y @ y) * q if initial is None else initial * q
     for (s, y), alpha in zip(pairs, reversed(alphas), strict=True):
         beta = (y @ r) / (s @ y)
         r += (alpha - beta) * s
     return r
+
+
+def _diagonal_hessian(pairs):
+    """The diagonal Hessian approximation after ``pairs``, with dense
+    matrices: start at ``1 / gamma`` of the first pair; for every pair,
+    scale ``B`` so that ``s^T B s = s^T y``, take the BFGS update of the
+    Hessian (Nocedal and Wright, eq. 6.19) and keep its diagonal, floored
+    at ``1e-12 / gamma`` of that pair."""
+    s, y = pairs[0]
+    B = np.diag(np.full(s.size, (y @ y) / (s @ y)))
+    for s, y in pairs:
+        B = B * (s @ y) / (s @ B @ s)
+        Bs = B @ s
+        B = B - np.outer(Bs, Bs) / (s @ Bs) + np.outer(y, y) / (s @ y)
+        B = np.diag(np.maximum(np.diag(B), 1e-12 * (y @ y) / (s @ y)))
+    return np.diag(B)
 
 
 def _spd(n, seed):
@@ -189,11 +248,14 @@ def _spd(n, seed):
     return A @ A.T / n + 0.1 * np.eye(n), rng.normal(size=n)
 
 
-def test_minimize_lbfgs_reaches_the_minimiser_of_a_convex_quadratic():
+@pytest.mark.parametrize("initial", INITIAL)
+def test_minimize_lbfgs_reaches_the_minimiser_of_a_convex_quadratic(initial):
     A, b = _spd(50, 3)
     value_and_grad, _ = _maximise(lambda x: 0.5 * x @ A @ x - b @ x,
                                   lambda x: A @ x - b)
-    result = minimize_lbfgs(value_and_grad, np.zeros(50), max_iter=1000, tol=1e-14)
+    result = minimize_lbfgs(
+        value_and_grad, np.zeros(50), max_iter=1000, tol=1e-14, initial=initial
+    )
     np.testing.assert_allclose(result.x, np.linalg.solve(A, b), atol=1e-6)
     assert result.converged and "CONVERGENCE" in result.message
     assert len(result.history) == result.n_iter
@@ -202,23 +264,42 @@ def test_minimize_lbfgs_reaches_the_minimiser_of_a_convex_quadratic():
     assert result.value == pytest.approx(result.history[-1])
 
 
+@pytest.mark.parametrize("initial", INITIAL)
 @pytest.mark.parametrize("n", [2, 10])
-def test_minimize_lbfgs_finds_the_rosenbrock_minimum(n):
+def test_minimize_lbfgs_finds_the_rosenbrock_minimum(n, initial):
     value_and_grad, _ = _maximise(rosen, rosen_der)
     x0 = np.array([-1.2, 1.0]) if n == 2 else np.full(n, -1.2)
-    result = minimize_lbfgs(value_and_grad, x0, max_iter=500, tol=1e-14)
+    result = minimize_lbfgs(
+        value_and_grad, x0, max_iter=500, tol=1e-14, initial=initial
+    )
     np.testing.assert_allclose(result.x, np.ones(n), atol=1e-5)
     assert result.converged and result.n_iter < 500
     assert result.value == pytest.approx(0.0, abs=1e-10)
 
 
-def test_compact_direction_equals_the_two_loop_recursion():
+def _initial_diagonal(pairs):
+    """H0 of the diagonal initial matrix after ``pairs``: ``t / sqrt(b)``
+    with ``y^T H0 y = s^T y`` for the newest pair."""
+    root = 1.0 / np.sqrt(_diagonal_hessian(pairs))
+    s, y = pairs[-1]
+    return (s @ y) / (y @ (root * y)) * root
+
+
+def _expected_direction(pairs, m, g, initial):
+    """H g of the memory after ``pairs`` (it keeps the last ``m``; the
+    diagonal has seen them all)."""
+    diagonal = None if initial == "scalar" else _initial_diagonal(pairs)
+    return _two_loop(pairs[-m:], g, diagonal)
+
+
+@pytest.mark.parametrize("initial", INITIAL)
+def test_direction_equals_the_two_loop_recursion(initial):
     # Random pairs with positive curvature (y = B s, B SPD), more of them
     # than the memory keeps, so that the ring buffer wraps around.
     n, m = 30, 5
     B, _ = _spd(n, 4)
     rng = np.random.default_rng(5)
-    memory = _CompactMemory(n, m)
+    memory = _LBFGSMemory(n, m, initial=initial)
     pairs = []
     for k in range(12):
         s = rng.normal(size=n) * rng.uniform(0.1, 3.0)
@@ -228,34 +309,137 @@ def test_compact_direction_equals_the_two_loop_recursion():
         pairs.append((s, y))
         assert len(memory) == min(k + 1, m)
         g = rng.normal(size=n)
-        expected = _two_loop(pairs[-m:], g)
+        expected = _expected_direction(pairs, m, g, initial)
         np.testing.assert_allclose(
             memory.inverse_hessian_times(g), expected, rtol=1e-10, atol=1e-12
         )
-        out = np.empty(n)
-        result = memory.inverse_hessian_times(g, scale=-1.0, out=out)
-        assert result is out
-        np.testing.assert_allclose(out, -expected, rtol=1e-10, atol=1e-12)
-    # An empty memory is the identity.
+        if initial == "diagonal":
+            np.testing.assert_allclose(
+                memory.hessian_diagonal, _diagonal_hessian(pairs), rtol=1e-10
+            )
+            np.testing.assert_allclose(
+                memory.initial_diagonal, _initial_diagonal(pairs), rtol=1e-10
+            )
+            # the secant scaling of gamma I: y^T H0 y = s^T y
+            assert y @ (memory.initial_diagonal * y) == pytest.approx(s @ y, rel=1e-12)
+        else:
+            assert memory.hessian_diagonal is None and memory.initial_diagonal is None
+        for scale in (-1.0, 0.5):
+            out = np.empty(n)
+            result = memory.inverse_hessian_times(g, scale=scale, out=out)
+            assert result is out
+            np.testing.assert_allclose(out, scale * expected, rtol=1e-10, atol=1e-12)
+    np.testing.assert_array_equal(memory.inverse_hessian_times(g, scale=0.0), 0.0)
+    # An empty memory is the identity, and forgets the diagonal.
     memory.reset()
+    assert memory.hessian_diagonal is None and memory.initial_diagonal is None
     np.testing.assert_array_equal(memory.inverse_hessian_times(g), g)
 
 
-def test_products_kept_from_the_gradients_give_the_same_direction():
+def test_the_true_diagonal_of_a_diagonal_hessian_is_kept():
+    # On a quadratic with a diagonal Hessian h, y = h s: the scaled update
+    # keeps b = h (s^T B s = s^T y, c = 1, and the BFGS terms cancel), and
+    # H0 is t / sqrt(h).
+    n, m = 12, 4
+    rng = np.random.default_rng(21)
+    h = np.exp(rng.uniform(-4.0, 4.0, size=n))
+    memory = _LBFGSMemory(n, m)
+    s = rng.normal(size=n)
+    assert memory.push(s, h * s)
+    memory.hessian_diagonal[:] = h
+    for _ in range(6):
+        s = rng.normal(size=n)
+        assert memory.push(s, h * s)
+        np.testing.assert_allclose(memory.hessian_diagonal, h, rtol=1e-12)
+        ratio = memory.initial_diagonal * np.sqrt(h)
+        np.testing.assert_allclose(ratio, ratio[0], rtol=1e-12)
+
+
+def test_diagonal_bfgs_update_against_its_formula():
+    rng = np.random.default_rng(22)
+    n = 1003  # not a multiple of the kernel's eight partial sums
+    b = np.exp(rng.normal(size=n))
+    s, y = rng.normal(size=n), rng.normal(size=n)
+    y += 3.0 * s  # positive curvature
+    sy = float(s @ y)
+    c = sy / np.sum(b * s * s)
+    expected = c * b - (c * b * s) ** 2 / sy + y**2 / sy
+    floor = np.quantile(expected, 0.1)
+    updated = b.copy()
+    assert diagonal_bfgs_update(updated, s, y, sy, floor) == pytest.approx(c, rel=1e-13)
+    np.testing.assert_allclose(updated, np.maximum(expected, floor), rtol=1e-12)
+    assert np.count_nonzero(updated == floor) >= n // 10
+    empty = np.empty(0)
+    assert diagonal_bfgs_update(empty, empty, empty, 1.0, 0.0) == 1.0
+
+
+@pytest.mark.parametrize(
+    "args, match",
+    [
+        ((np.ones(3), np.ones(2), np.ones(3), 1.0), "the same length"),
+        ((np.ones(3), np.ones(3), np.ones(3), 0.0), "sy must be positive"),
+        ((np.ones(3), np.zeros(3), np.ones(3), 1.0), "s\\^T B s must be positive"),
+        ((-np.ones(3), np.ones(3), np.ones(3), 1.0), "s\\^T B s must be positive"),
+    ],
+)
+def test_diagonal_bfgs_update_rejects_bad_input(args, match):
+    with pytest.raises(ValueError, match=match):
+        diagonal_bfgs_update(*args, 0.0)
+
+
+def test_diagonal_bfgs_update_refuses_to_update_its_own_pair():
+    v = np.ones(4)
+    with pytest.raises(ValueError, match="must not share memory"):
+        diagonal_bfgs_update(v, v, np.ones(4), 1.0, 0.0)
+
+
+def test_secant_inverse_sqrt_against_its_formula():
+    rng = np.random.default_rng(23)
+    n = 1001
+    b, y = np.exp(rng.normal(size=n)), rng.normal(size=n)
+    out = np.empty(n)
+    t = secant_inverse_sqrt(b, y, 2.5, out)
+    assert t == pytest.approx(2.5 / np.sum(y**2 / np.sqrt(b)), rel=1e-13)
+    np.testing.assert_allclose(out, t / np.sqrt(b), rtol=1e-14)
+    assert y @ (out * y) == pytest.approx(2.5, rel=1e-13)
+    empty = np.empty(0)
+    assert secant_inverse_sqrt(empty, empty, 1.0, empty) == 1.0
+
+
+@pytest.mark.parametrize(
+    "b, y, sy, match",
+    [
+        (np.ones(3), np.ones(2), 1.0, "the same length"),
+        (np.ones(3), np.ones(3), -1.0, "sy must be positive"),
+        (np.ones(3), np.zeros(3), 1.0, "positive and finite"),
+        (np.zeros(3), np.ones(3), 1.0, "positive and finite"),
+    ],
+)
+def test_secant_inverse_sqrt_rejects_bad_input(b, y, sy, match):
+    with pytest.raises(ValueError, match=match):
+        secant_inverse_sqrt(b, y, sy, np.empty(3))
+    v = np.ones(3)
+    with pytest.raises(ValueError, match="must not share memory"):
+        secant_inverse_sqrt(v, np.ones(3), 1.0, v)
+
+
+@pytest.mark.parametrize("initial", INITIAL)
+def test_products_kept_from_the_gradients_give_the_same_direction(initial):
     # As in minimize_lbfgs: the direction at g, then the pair with
     # y = g_new - g and both gradients, so that the memory's products with y
     # come from those kept with g; more pairs than the memory keeps.
     n, m = 30, 4
     B, b = _spd(n, 7)
     rng = np.random.default_rng(8)
-    memory, plain = _CompactMemory(n, m), _CompactMemory(n, m)
+    memory = _LBFGSMemory(n, m, initial=initial)
+    plain = _LBFGSMemory(n, m, initial=initial)
     x = rng.normal(size=n)
     g = B @ x - b
     pairs = []
     for _ in range(10):
         direction = memory.inverse_hessian_times(g, scale=-1.0)
         np.testing.assert_allclose(
-            direction, -_two_loop(pairs[-m:], g) if pairs else -g,
+            direction, -_expected_direction(pairs, m, g, initial) if pairs else -g,
             rtol=1e-9, atol=1e-12,
         )
         s = 0.5 * direction + 0.1 * rng.normal(size=n)
@@ -268,28 +452,27 @@ def test_products_kept_from_the_gradients_give_the_same_direction():
         S = np.array([p[0] for p in pairs[-k:]])
         Y = np.array([p[1] for p in pairs[-k:]])
         order = memory.order
-        # s_i^T y_j for i not newer than j, and y_i^T y_j, against the pairs.
+        # s_i^T y_j for i not newer than j, against the pairs.
         sy = memory.sy[np.ix_(order, order)]
         np.testing.assert_allclose(np.triu(sy), np.triu(S @ Y.T), rtol=1e-9, atol=1e-10)
-        np.testing.assert_allclose(
-            memory.yy[np.ix_(order, order)], Y @ Y.T, rtol=1e-9, atol=1e-10
-        )
         x, g = x + s, g_new
     np.testing.assert_allclose(
         memory.inverse_hessian_times(g), plain.inverse_hessian_times(g), rtol=1e-9
     )
 
 
-def test_single_precision_memory_gives_the_direction_to_single_precision():
+@pytest.mark.parametrize("initial", INITIAL)
+def test_single_precision_memory_gives_the_direction_to_single_precision(initial):
     # The products-kept path of minimize_lbfgs with the pairs stored in
     # float32 (minimize_lbfgs' storage) against the same pairs in float64:
     # the directions agree to about float32's resolution, and are those of
-    # the two-loop recursion on the rounded pairs.
+    # the two-loop recursion on the rounded pairs (with the diagonal, which
+    # stays in double precision, of the pairs as given).
     n, m = 200, 6
     B, b = _spd(n, 11)
     rng = np.random.default_rng(12)
-    single = _CompactMemory(n, m, dtype=np.float32)
-    double = _CompactMemory(n, m)
+    single = _LBFGSMemory(n, m, dtype=np.float32, initial=initial)
+    double = _LBFGSMemory(n, m, initial=initial)
     assert single.pairs.dtype == np.float32 and double.pairs.dtype == np.float64
     x = rng.normal(size=n)
     g = B @ x - b
@@ -305,7 +488,8 @@ def test_single_precision_memory_gives_the_direction_to_single_precision():
                 (s.astype(np.float32).astype(float), y.astype(np.float32).astype(float))
                 for s, y in pairs[-m:]
             ]
-            expected = -_two_loop(rounded, g)
+            diagonal = None if initial == "scalar" else _initial_diagonal(pairs)
+            expected = -_two_loop(rounded, g, diagonal)
             assert np.linalg.norm(direction - expected) <= 1e-5 * scale
         out = np.empty(n)
         assert single.inverse_hessian_times(g, scale=-1.0, out=out) is out
@@ -319,9 +503,13 @@ def test_single_precision_memory_gives_the_direction_to_single_precision():
         x, g = x + s, g_new
 
 
-def test_compact_memory_rejects_other_storage():
+def test_memory_rejects_other_storage_and_initial_matrices():
     with pytest.raises(ValueError, match="dtype must be float64 or float32"):
-        _CompactMemory(4, 2, dtype=np.float16)
+        _LBFGSMemory(4, 2, dtype=np.float16)
+    with pytest.raises(ValueError, match="initial must be one of"):
+        _LBFGSMemory(4, 2, initial="identity")
+    with pytest.raises(ValueError, match="initial must be one of"):
+        minimize_lbfgs(lambda x: (0.0, x), np.ones(2), initial="identity")
 
 
 def _orthogonal(s, r):
@@ -346,7 +534,7 @@ def _orthogonal(s, r):
 def test_a_pair_without_enough_curvature_is_not_stored(bad_y):
     n = 8
     rng = np.random.default_rng(6)
-    memory = _CompactMemory(n, 3)
+    memory = _LBFGSMemory(n, 3)
     kept = []
     for _ in range(2):
         s = rng.normal(size=n)
@@ -355,13 +543,17 @@ def test_a_pair_without_enough_curvature_is_not_stored(bad_y):
         kept.append((s, y))
     g = rng.normal(size=n)
     before = memory.inverse_hessian_times(g)
+    diagonal = memory.hessian_diagonal.copy()
     s = rng.normal(size=n)
     y = bad_y(s, rng.normal(size=n))
     assert not (s @ y > np.finfo(float).eps * (y @ y))  # the case is as named
     assert not memory.push(s, y)
     assert len(memory) == 2
+    np.testing.assert_array_equal(memory.hessian_diagonal, diagonal)
     np.testing.assert_array_equal(memory.inverse_hessian_times(g), before)
-    np.testing.assert_allclose(before, _two_loop(kept, g), rtol=1e-10)
+    np.testing.assert_allclose(
+        before, _expected_direction(kept, 3, g, "diagonal"), rtol=1e-10
+    )
 
 
 def test_max_iter_reached_is_not_convergence():

@@ -114,3 +114,40 @@ print("ok")
 
 def test_stacked_kernels_stay_within_their_buffers_under_address_sanitizer(tmp_path):
     sanitized_run(tmp_path, "_stacked", _STACKED_ASAN_EXERCISE)
+
+
+# _vectors.pyx under AddressSanitizer (tests/_sanitizer.py; about 10 s):
+# the loops over whole vectors, the sums in blocks of eight partial sums
+# with a remainder loop (L-BFGS's diagonal update and initial matrix), at
+# lengths below, at and across the blocks, and inside minimize_lbfgs.
+_VECTORS_ASAN_EXERCISE = """
+import sys
+import numpy as np
+sys.path.insert(0, ".")
+import _vectors_asan as v
+from scipy.optimize import rosen, rosen_der
+from skgpstruct.optim import lbfgs, minimize_lbfgs
+rng = np.random.default_rng(0)
+for n in (1, 7, 8, 9, 16, 17, 1001):
+    b = np.exp(rng.standard_normal(n))
+    s = rng.standard_normal(n)
+    y = 3.0 * s + 0.1 * rng.standard_normal(n)  # s^T y > 0
+    v.diagonal_bfgs_update(b, s, y, float(s @ y), 1e-12)
+    out = np.empty(n)
+    v.secant_inverse_sqrt(b, y, float(s @ y), out)
+    x, m, w = rng.standard_normal(n), np.zeros(n), np.zeros(n)
+    v.adam_ascent_step(x, m, w, s, np.full(n, 0.1), 0.9, 0.999, 1e-8, 1,
+                       -np.ones(n), np.ones(n))
+    assert v.same_bits(x, x.copy()) and not v.same_bits(x, x + 1.0)
+# the L-BFGS memory with these kernels: its diagonal updated every iteration
+lbfgs.diagonal_bfgs_update = v.diagonal_bfgs_update
+lbfgs.secant_inverse_sqrt = v.secant_inverse_sqrt
+result = minimize_lbfgs(lambda z: (-rosen(z), -rosen_der(z)), np.full(9, -1.2),
+                        max_iter=300, tol=1e-12)
+assert result.converged, result.message
+print("ok")
+"""
+
+
+def test_vector_loops_stay_within_their_buffers_under_address_sanitizer(tmp_path):
+    sanitized_run(tmp_path, "_vectors", _VECTORS_ASAN_EXERCISE)

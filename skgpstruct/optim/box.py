@@ -106,6 +106,27 @@ class SmoothBox:
             )
         return z
 
+    def longest_step(self, z, p, overshoot):
+        """The largest ``alpha`` with which ``z + alpha p`` takes no bounded
+        coordinate more than ``overshoot`` beyond its bound, or beyond
+        itself when it is already there (``inf`` when nothing limits it).
+
+        Beyond a bound by ``d`` the map's slope is about ``exp(-d)``: a
+        coordinate thrown far beyond it has a vanishing gradient and
+        cannot come back.
+        """
+        zb, pb = np.asarray(z)[self.index], np.asarray(p)[self.index]
+        with np.errstate(divide="ignore", invalid="ignore"):
+            up = np.where(
+                self._has_high & (pb > 0),
+                (np.maximum(zb, self._high) + overshoot - zb) / pb, np.inf,
+            )
+            down = np.where(
+                self._has_low & (pb < 0),
+                (np.minimum(zb, self._low) - overshoot - zb) / pb, np.inf,
+            )
+        return float(min(up.min(initial=np.inf), down.min(initial=np.inf)))
+
     def chain(self, z, grad):
         """Gradient with respect to ``z`` from the gradient at ``to_box(z)``."""
         out = np.array(grad, dtype=np.float64)

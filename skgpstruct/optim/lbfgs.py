@@ -11,41 +11,56 @@ wasted work, and on the GP's largest problem (about 270,000 coordinates,
 one objective evaluation about 50 ms) a profile showed its Fortran
 ``setulb`` costing about 8.7 ms per call and two calls per iteration, about
 17 ms per iteration and over 20 % of the fit. Here an iteration costs two
-matrix-vector products with the ``(2m, n)`` memory, a few ``O(n)`` vector
-operations and ``O(m^3)`` algebra on ``m = 20``; a few milliseconds at that
-size.
+matrix-vector products with the ``(2m, n)`` memory (four with its
+halves), a few ``O(n)`` vector operations and ``O(m^3)`` algebra on ``m =
+20``; a few milliseconds at that size.
 
 The method:
 
-* **Direction.** The inverse Hessian approximation is used in the compact
-  form of Byrd, Nocedal and Schnabel (1994), eq. (3.1)::
-
-      H = gamma I + [S  gamma Y] [[R^-T (D + gamma Y^T Y) R^-1, -R^-T],
-                                  [-R^-1,                          0 ]]
-                                 [S  gamma Y]^T
-
-  with ``S``, ``Y`` the ``m`` most recent steps and gradient changes
-  (oldest first), ``R`` the upper triangle of ``S^T Y``, ``D`` its diagonal
-  and ``gamma = s^T y / y^T y`` of the newest pair. ``H g`` takes the
-  products ``S g`` and ``Y g``, two small triangular solves and one product
-  with ``[S Y]`` transposed; the same numbers as the two-loop recursion,
-  without its ``4m`` separate passes over ``n``-vectors from Python. The
-  pairs live in a preallocated ring buffer, and ``R`` and ``Y^T Y`` are
-  updated when a pair enters. That needs the memory's products with the new
-  ``y = g_new - g``: they are those with ``g_new`` (computed then, and kept
-  for the next direction) minus those with ``g`` (kept from the last
-  direction), so an iteration passes over the memory twice, not three
-  times. A pair with ``s^T y <= eps * y^T y`` is not stored (as in
-  L-BFGS-B). The pairs are stored in single precision: those passes are
-  limited by memory bandwidth, and 20 pairs in single precision cost less
-  than 10 in double. On the dev splits of ``benchmarks/dev_splits.py``
-  20 pairs took 6 to 21 % fewer iterations than 10, and single precision
-  within a few iterations of double, at the same errors (doc/
-  benchmark_history.rst, commit 88f44e6).
+* **Direction.** The two-loop recursion (Nocedal and Wright, Algorithm
+  7.4) over the ``m = 20`` most recent steps ``S`` and gradient changes
+  ``Y``, with a **diagonal** initial inverse Hessian ``H0 = t
+  diag(b)^(-1/2)``: ``b`` a diagonal Hessian approximation that every
+  stored pair updates (scaled so that ``s^T B s = s^T y``, then the
+  diagonal of its BFGS update; after Gilbert and Lemarechal, 1989), and
+  ``t`` such that ``y^T H0 y = s^T y`` for the newest pair, the property
+  of the classical ``gamma I``, ``gamma = s^T y / y^T y`` (which is
+  ``initial="scalar"``). The coordinates of the GP's objective are on
+  very different scales (the weights of a template seen at thousands of
+  tokens and of one seen at two, the kernel's hyperparameters, the
+  transitions), which one scalar cannot follow; the square root takes
+  half of the diagonal's correction, the whole of it making the unit
+  step several times too long (:class:`_LBFGSMemory`). On the Table 1
+  training folds the diagonal took fewer objective evaluations than
+  ``gamma I`` on every fold, to a higher ELBO on every fold
+  (doc/benchmark_history.rst, "A diagonal initial matrix for L-BFGS").
+  The recursion is written in matrix form: its scalars come from ``S^T
+  g``, ``Y^T H0 q`` and the upper triangle of ``S^T Y``, so that the
+  ``n``-vectors are touched by three matrix-vector products with halves of
+  the memory, not ``4m`` separate passes from Python; with ``gamma I`` it
+  is the compact form of Byrd, Nocedal and Schnabel (1994), eq. (3.1).
+  The pairs live in a preallocated ring buffer, and ``S^T Y`` is updated
+  when a pair enters from ``S^T g_new`` (computed then, and kept for the
+  next direction) minus ``S^T g`` (kept from the last one): two passes
+  over the memory per iteration in all. A pair with ``s^T y <= eps * y^T
+  y`` is not stored (as in L-BFGS-B). The pairs are stored in single
+  precision: those passes are limited by memory bandwidth, and 20 pairs
+  in single precision cost less than 10 in double. On the dev splits of
+  ``benchmarks/dev_splits.py`` 20 pairs took 6 to 21 % fewer iterations
+  than 10, and single precision within a few iterations of double, at the
+  same errors (doc/benchmark_history.rst, commit 88f44e6, with ``gamma
+  I``).
 * **Step.** A strong Wolfe line search (:func:`scipy.optimize.line_search`,
   ``c1 = 1e-4``, ``c2 = 0.9``) trying the unit step first; with an empty
   memory (first iteration, after a reset) the steepest-descent direction is
-  scaled to step ``min(1, 1 / max|g|)``. Every point is evaluated once
+  scaled to step ``min(1, 1 / max|g|)``. No trial takes a bounded
+  coordinate more than ``MAX_OVERSHOOT = 2`` beyond its bound (or beyond
+  itself, when it is there already; :meth:`SmoothBox.longest_step`):
+  there the smooth box's slope is about ``exp(-2)``, and a coordinate
+  thrown far beyond has a vanishing gradient and stays. (Under a narrow
+  hyperprior far from a warm start, whose term dominated the objective,
+  a step that gained on it threw the transitions' prior variance beyond
+  its bound, where the fit ended.) Every point is evaluated once
   (value and gradient together). A non-finite value or gradient counts as
   a failed trial. When the Wolfe search gives up (near a region where the
   objective is infinite, the curvature condition may be out of reach), the
@@ -65,10 +80,10 @@ from dataclasses import dataclass, field
 
 import numpy as np
 from scipy.linalg import solve_triangular
-from scipy.linalg.blas import daxpy
 from scipy.optimize import line_search
 
 from .._linalg import same_vector
+from .._vectors import diagonal_bfgs_update, secant_inverse_sqrt
 from .box import SmoothBox, bound_arrays
 
 __all__ = [
@@ -77,12 +92,20 @@ __all__ = [
 
 #: Number of curvature pairs kept (scipy's ``maxcor`` is 10).
 MEMORY = 20
-#: Storage of the pairs in minimize_lbfgs (see _CompactMemory).
+#: Storage of the pairs in minimize_lbfgs (see _LBFGSMemory).
 MEMORY_DTYPE = np.float32
+#: The initial inverse Hessians of _LBFGSMemory (minimize_lbfgs' initial).
+INITIAL_MATRICES = ("diagonal", "scalar")
+#: Floor of the diagonal Hessian approximation, relative to 1 / gamma.
+DIAGONAL_FLOOR = 1e-12
 #: Wolfe constants: sufficient decrease and curvature.
 C1, C2 = 1e-4, 0.9
 #: Curvature threshold for storing a pair (L-BFGS-B's).
 CURVATURE_EPS = np.finfo(np.float64).eps
+#: How far beyond its bound (in the optimiser's unbounded coordinate) a
+#: step may take a bounded coordinate, or beyond itself when it is there:
+#: at d beyond, the smooth box's slope is about exp(-d) (see _line_search).
+MAX_OVERSHOOT = 2.0
 #: Halvings of the fallback backtracking (it stops earlier when the trial
 #: point no longer differs from the current one).
 MAX_HALVINGS = 60
@@ -133,8 +156,15 @@ class OptimizationResult:
     history: list = field(default_factory=list)
 
 
-class _CompactMemory:
-    """The L-BFGS inverse Hessian in compact form, on a ring buffer of pairs.
+class _LBFGSMemory:
+    """The L-BFGS inverse Hessian on a ring buffer of pairs, with a diagonal
+    or scalar initial matrix.
+
+    ``H g`` is the two-loop recursion (Nocedal and Wright, Algorithm 7.4)
+    with a diagonal initial matrix ``H0``, in matrix form: its two
+    loops' scalars follow from the memory's products with ``g`` and with
+    ``H0 q`` and from ``S^T Y``, so that the ``n``-vectors are touched by a
+    few matrix-vector products, not by ``4m`` separate passes from Python.
 
     Parameters
     ----------
@@ -147,7 +177,27 @@ class _CompactMemory:
         (the products with it, which are limited by memory bandwidth) move
         half the bytes; their rounding, about ``1e-7`` relative, perturbs
         the approximation, not the objective or its gradient, and the small
-        ``m x m`` algebra stays in double precision.
+        ``m x m`` algebra and the diagonal stay in double precision.
+    initial : {"diagonal", "scalar"}, default="diagonal"
+        ``H0``. ``"scalar"``: ``gamma I`` with ``gamma = s^T y / y^T y`` of
+        the newest pair (Nocedal and Wright, eq. 7.20). ``"diagonal"``:
+        ``t diag(b)^(-1/2)``, from a diagonal Hessian approximation ``b``
+        that every stored pair updates, with ``t`` such that ``y^T H0 y =
+        s^T y`` for the newest pair, as ``gamma I`` has. The update scales
+        ``b`` by ``c = s^T y / s^T B s`` (so that ``s^T (c B) s = s^T y``,
+        after Oren and Luenberger), then replaces it by the diagonal of the
+        BFGS update of ``diag(c b)``::
+
+            b_i <- c b_i - (c b_i s_i)^2 / s^T y + y_i^2 / s^T y
+
+        (the diagonal updates of Gilbert and Lemarechal, 1989). It starts
+        at ``1 / gamma`` of the first pair, and stays positive (``c b_i
+        s_i^2 <= s^T y``); a floor of ``1e-12 / gamma`` guards against a
+        zero. The square root takes half of the diagonal's scaling: the
+        whole of it (``H0 = diag(1 / b)``) made the unit step several
+        times too long, and cost more evaluations than ``gamma I``
+        (doc/benchmark_history.rst, "A diagonal initial matrix for
+        L-BFGS").
 
     Attributes
     ----------
@@ -159,63 +209,65 @@ class _CompactMemory:
     sy : ndarray of shape (m, m)
         ``sy[i, j] = s_i^T y_j`` (slots) for ``i`` not newer than ``j``;
         the other entries are stale and never read.
-    yy : ndarray of shape (m, m)
-        ``yy[i, j] = y_i^T y_j`` (slots).
     gamma : float
         ``s^T y / y^T y`` of the newest pair (1 when empty).
+    hessian_diagonal, initial_diagonal : ndarray of shape (n,) or None
+        ``b`` and the diagonal of ``H0`` (``initial="diagonal"``, once a
+        pair is stored), else None.
 
     Notes
     -----
-    Each iteration needs the products of the memory with the new gradient
-    (for the direction) and with ``y`` (for ``S^T Y`` and ``Y^T Y``). The
-    products with the gradient are kept (:meth:`inverse_hessian_times`
-    stores them, :meth:`push` computes them for the next gradient), so that
-    ``memory @ y = memory @ g_new - memory @ g_old`` costs no pass over the
-    memory: one matrix-vector product per iteration fewer, out of three.
+    With ``R`` the upper triangle of ``S^T Y`` (pairs oldest first), the
+    first loop's scalars are ``alpha = R^-1 S^T g``, then ``q = g - Y
+    alpha``, and the second loop's are ``alpha - c`` with ``R^T c =
+    diag(R) alpha - Y^T H0 q``; ``H g = H0 q + S c``. With ``H0 = gamma I``
+    this is the compact form of Byrd, Nocedal and Schnabel (1994), eq.
+    (3.1), whose ``Y^T Y`` term is here the product ``Y^T H0 q``. A
+    direction passes over the memory three halves: ``Y alpha``, ``Y^T H0
+    q`` and ``S c``. ``S^T g`` is taken when the pair enters
+    (:meth:`push` computes it with the new gradient and keeps it), and
+    gives ``S^T y = S^T g_new - S^T g_old`` with it: one more half, two
+    passes over the memory per iteration in all.
     """
 
-    def __init__(self, n, m=MEMORY, dtype=np.float64):
+    def __init__(self, n, m=MEMORY, dtype=np.float64, initial="diagonal"):
         self.n, self.m = n, m
         self.dtype = np.dtype(dtype)
         if self.dtype not in (np.float64, np.float32):
             raise ValueError(f"dtype must be float64 or float32, got {dtype!r}")
+        if initial not in INITIAL_MATRICES:
+            raise ValueError(
+                f"initial must be one of {INITIAL_MATRICES}, got {initial!r}"
+            )
+        self.initial = initial
         self.pairs = np.empty((m, 2, n), dtype=self.dtype)
-        # The combination of the pairs in inverse_hessian_times, before it
-        # is added to the float64 result (single precision storage only).
-        self._combination = (
-            np.empty(n, dtype=self.dtype) if self.dtype != np.float64 else None
-        )
         self.sy = np.zeros((m, m))
-        self.yy = np.zeros((m, m))
-        self.order = []
-        self.gamma = 1.0
-        # (g, memory @ g by slot) for the last gradient seen, or None.
-        self._products = None
+        self.reset()
 
     def __len__(self):
         return len(self.order)
 
     def reset(self):
-        """Forget every pair."""
+        """Forget every pair (and the diagonal)."""
         self.order = []
         self.gamma = 1.0
+        self.hessian_diagonal = self.initial_diagonal = None
+        # (g, S^T g by slot) for the last gradient seen, or None.
         self._products = None
 
-    def _memory_times(self, g):
-        """``memory @ g`` by slot (``s_j^T g, y_j^T g`` interleaved), kept."""
-        products = self._times(g)
-        self._products = (g, products)
-        return products
+    def _rows(self, part):
+        """The slots in use of ``s`` (``part=0``) or ``y`` (1), ``(k, n)``."""
+        return self.pairs[: len(self.order), part]
 
-    def _memory(self, k):
-        """The ``k`` slots in use as one ``(2k, n)`` matrix (a view)."""
-        return self.pairs[:k].reshape(2 * k, self.n)
-
-    def _times(self, v):
-        """``memory @ v`` (slots in use) in double precision: one pass over
-        the memory at its own precision."""
-        products = self._memory(len(self.order)) @ v.astype(self.dtype, copy=False)
+    def _times(self, part, v):
+        """``rows @ v`` in double precision: one pass over half the memory
+        at its own precision."""
+        products = self._rows(part) @ v.astype(self.dtype, copy=False)
         return products.astype(np.float64, copy=False)
+
+    def _combination(self, part, coefficients):
+        """``coefficients @ rows`` (by slot), at the memory's precision."""
+        return coefficients.astype(self.dtype) @ self._rows(part)
 
     def push(self, s, y, gradient=None, previous_gradient=None):
         """Store the pair ``(s, y)`` unless its curvature is not positive.
@@ -226,11 +278,10 @@ class _CompactMemory:
             Step and gradient change of the last iteration.
         gradient, previous_gradient : ndarray of shape (n,) or None
             The gradients with ``y = gradient - previous_gradient``. When
-            both are given and the memory's products with
-            ``previous_gradient`` (the very array) are kept from
-            :meth:`inverse_hessian_times`, the products with ``y`` are
-            their difference with the products with ``gradient``, which
-            are then kept for the next direction.
+            both are given and ``S^T previous_gradient`` (the very array)
+            is kept from :meth:`inverse_hessian_times`, ``S^T y`` is ``S^T
+            gradient`` (then kept for the next direction) minus the kept
+            one.
 
         Returns
         -------
@@ -255,20 +306,28 @@ class _CompactMemory:
             and kept is not None
             and kept[0] is previous_gradient
         ):
-            # One pass over the memory, with the new gradient; the other
-            # slots' products with y follow from those with the previous one.
-            products = self._memory_times(gradient).copy()
-            n_old = kept[1].size
-            products[:n_old] -= kept[1]
-            products[2 * slot : 2 * slot + 2] = sy, yy
+            # One pass over S, with the new gradient; the other slots'
+            # products with y follow from those with the previous one.
+            products = self._times(0, gradient)
+            self._products = (gradient, products)
+            column = products.copy()
+            column[: kept[1].size] -= kept[1]
+            column[slot] = sy
         else:
-            # One pass over the memory: s_i^T y and y_i^T y for every slot i.
             self._products = None
-            products = self._times(y)
-        self.sy[:k, slot] = products[0::2]
-        self.yy[:k, slot] = products[1::2]
-        self.yy[slot, :k] = products[1::2]
+            column = self._times(0, y)
+        self.sy[:k, slot] = column
         self.gamma = sy / yy
+        if self.initial == "diagonal":
+            if self.hessian_diagonal is None:
+                self.hessian_diagonal = np.full(self.n, 1.0 / self.gamma)
+                self.initial_diagonal = np.empty(self.n)
+            y = np.ascontiguousarray(y, dtype=np.float64)
+            diagonal_bfgs_update(
+                self.hessian_diagonal, np.ascontiguousarray(s, dtype=np.float64),
+                y, sy, DIAGONAL_FLOOR / self.gamma,
+            )
+            secant_inverse_sqrt(self.hessian_diagonal, y, sy, self.initial_diagonal)
         return True
 
     def inverse_hessian_times(self, g, scale=1.0, out=None):
@@ -287,37 +346,37 @@ class _CompactMemory:
         ndarray of shape (n,)
         """
         k = len(self.order)
-        if k == 0:
+        if k == 0 or scale == 0.0:  # H = I, or nothing to compute
             return np.multiply(g, scale, out=out)
-        memory = self._memory(k)
         if self._products is not None and self._products[0] is g:
             products = self._products[1]
         else:
-            products = self._memory_times(g)  # s_j^T g, y_j^T g, by slot
+            products = self._times(0, g)  # s_j^T g by slot
+            self._products = (g, products)
         order = np.asarray(self.order)
-        a = products[0::2][order]  # S^T g, oldest first
-        b = products[1::2][order]  # Y^T g
-        inner = self.sy[np.ix_(order, order)]
-        R = np.triu(inner)
-        yy = self.yy[np.ix_(order, order)]
-        u = solve_triangular(R, a, lower=False)  # R^-1 S^T g
-        rhs = np.diag(R) * u + self.gamma * (yy @ u - b)
-        c_s = solve_triangular(R, rhs, lower=False, trans="T")
-        coefficients = np.empty(2 * k)
-        coefficients[0::2][order] = c_s
-        coefficients[1::2][order] = -self.gamma * u
-        coefficients *= scale
-        if self._combination is None:
-            out = np.matmul(coefficients, memory, out=out)
+        R = np.triu(self.sy[np.ix_(order, order)])
+        alpha = solve_triangular(R, products[order], lower=False)
+        by_slot = np.empty(k)
+        by_slot[order] = alpha
+        if out is None:
+            out = np.empty(self.n)
+        # out = scale * H0 q with q = g - Y alpha (the sign of the
+        # subtraction carries a scale of -1, the search direction's).
+        combination = self._combination(1, by_slot)
+        if scale == -1.0:
+            np.subtract(combination, g, out=out)
         else:
-            combination = np.matmul(
-                coefficients.astype(self.dtype), memory, out=self._combination
-            )
-            if out is None:
-                out = combination.astype(np.float64)
-            else:
-                out[:] = combination
-        return daxpy(g, out, a=scale * self.gamma)  # in place: out += ... g
+            np.subtract(g, combination, out=out)
+            if scale != 1.0:
+                out *= scale
+        if self.initial_diagonal is None:
+            out *= self.gamma
+        else:
+            out *= self.initial_diagonal
+        rhs = np.diag(R) * alpha - self._times(1, out)[order] / scale
+        by_slot[order] = scale * solve_triangular(R, rhs, lower=False, trans="T")
+        out += self._combination(0, by_slot)
+        return out
 
 
 class _Objective:
@@ -391,10 +450,11 @@ class _Objective:
         return self(z)[1]
 
 
-def _line_search(objective, z, f, g, p):
+def _line_search(objective, z, f, g, p, longest=np.inf):
     """A step along ``p`` from ``z`` that decreases ``f``, or None.
 
-    Strong Wolfe conditions first (scipy's search, unit step first). When it
+    Strong Wolfe conditions first (scipy's search, unit step first, no
+    step beyond ``longest``). When it
     fails (on a cliff where the objective becomes infinite, the curvature
     condition may be out of reach), the lowest point it evaluated if that
     one satisfies the sufficient-decrease condition; otherwise the first of
@@ -408,12 +468,15 @@ def _line_search(objective, z, f, g, p):
         Current point, with value ``f`` and gradient ``g``.
     p : ndarray of shape (n,)
         A descent direction (``g^T p < 0``).
+    longest : float, default=inf
+        The longest step tried (:meth:`SmoothBox.longest_step`).
 
     Returns
     -------
     (z_new, f_new, g_new) or None
     """
     slope = float(g @ p)
+    amax = longest if np.isfinite(longest) else None
 
     def sufficient(alpha, f_new):
         # Armijo's condition, and a strict decrease: at a step so short that
@@ -434,7 +497,7 @@ def _line_search(objective, z, f, g, p):
         with np.errstate(over="ignore", invalid="ignore"):
             alpha, _, _, f_new, _, _ = line_search(
                 objective.value, objective.gradient, z, p, gfk=g, old_fval=f,
-                c1=C1, c2=C2,
+                c1=C1, c2=C2, amax=amax,
             )
     # scipy may return a step without the curvature condition (its new
     # slope is then None): it is still taken if it decreases f enough.
@@ -450,7 +513,7 @@ def _line_search(objective, z, f, g, p):
     if z_new is not None and alpha > 0 and sufficient(alpha, f_new):
         return z_new, f_new, g_new
     rejected = [a for a, f_a in objective.steps if a > 0 and not sufficient(a, f_a)]
-    alpha = 0.5 * min(rejected, default=2.0)
+    alpha = min(0.5 * min(rejected, default=2.0), longest)
     for _ in range(MAX_HALVINGS):
         z_new = z + alpha * p
         if same_vector(z_new, z):
@@ -482,7 +545,7 @@ def _steepest_descent(g):
 
 def minimize_lbfgs(
     value_and_grad, x0, *, bounds=None, max_iter=200, tol=1e-6, callback=None,
-    start=None,
+    start=None, initial="diagonal",
 ):
     """Maximise ``value_and_grad`` with L-BFGS (compact form, Wolfe steps).
 
@@ -516,6 +579,10 @@ def minimize_lbfgs(
         optimiser's unbounded coordinates and back) is ``x0`` up to
         rounding, as inside the bounds; on or beyond a bound that point
         is elsewhere and is evaluated.
+    initial : {"diagonal", "scalar"}, default="diagonal"
+        The initial inverse Hessian of the L-BFGS approximation: from a
+        diagonal Hessian approximation updated by every pair, or the
+        classical ``gamma I`` (see the module docstring).
 
     Returns
     -------
@@ -532,6 +599,8 @@ def minimize_lbfgs(
         A ValueError: the objective's value or gradient is not finite at
         ``x0``.
     """
+    if initial not in INITIAL_MATRICES:
+        raise ValueError(f"initial must be one of {INITIAL_MATRICES}, got {initial!r}")
     x0 = np.asarray(x0, dtype=np.float64)
     box = SmoothBox(*bound_arrays(bounds, x0.size))
     objective = _Objective(value_and_grad, box)
@@ -547,7 +616,7 @@ def minimize_lbfgs(
             f"the gradient is not finite at x0 ({n_bad} of {g.size} entries)"
         )
     objective.remember(z, f, g)
-    memory = _CompactMemory(z.size, MEMORY, MEMORY_DTYPE)
+    memory = _LBFGSMemory(z.size, MEMORY, MEMORY_DTYPE, initial)
     # Buffers for the direction and the pair: no n-vector allocated there.
     p, s, y = np.empty_like(z), np.empty_like(z), np.empty_like(z)
     history, n_iter, converged = [], 0, False
@@ -563,11 +632,17 @@ def minimize_lbfgs(
             memory.inverse_hessian_times(g, scale=-1.0, out=p)
             slope = g @ p  # not finite if p is not
             if np.isfinite(slope) and slope < 0:
-                step = _line_search(objective, z, f, g, p)
+                step = _line_search(
+                    objective, z, f, g, p, box.longest_step(z, p, MAX_OVERSHOOT)
+                )
             if step is None:  # start again from steepest descent
                 memory.reset()
         if step is None:
-            step = _line_search(objective, z, f, g, _steepest_descent(g))
+            p_descent = _steepest_descent(g)
+            step = _line_search(
+                objective, z, f, g, p_descent,
+                box.longest_step(z, p_descent, MAX_OVERSHOOT),
+            )
         if step is None:
             message = MESSAGE_LINE_SEARCH
             break
