@@ -128,6 +128,12 @@ cdef extern from *:
         double inv_sy, double floor) noexcept nogil
 
 
+cdef inline bint _share_memory(size_t a, size_t b, size_t nbytes) noexcept:
+    """Whether the ``nbytes`` from address ``a`` and those from ``b`` overlap
+    (the loops' ``restrict`` pointers must not)."""
+    return a < b + nbytes and b < a + nbytes
+
+
 def adam_ascent_step(
     double[::1] x,
     double[::1] m,
@@ -185,7 +191,7 @@ def adam_ascent_step(
     cdef int a, b
     for a in range(5):
         for b in range(a):
-            if start[a] < start[b] + nbytes and start[b] < start[a] + nbytes:
+            if _share_memory(start[a], start[b], nbytes):
                 raise ValueError(
                     "x, m, v, direction and rate must not share memory"
                 )
@@ -217,13 +223,12 @@ cdef bint _check_pair_update(
     if n == 0:
         return False
     cdef size_t nbytes = n * sizeof(double)
-    cdef size_t start_written = <size_t>&written[0]
-    cdef size_t start
-    for start in (<size_t>&u[0], <size_t>&v[0]):
-        if start_written < start + nbytes and start < start_written + nbytes:
-            raise ValueError(
-                f"{written_name} must not share memory with {u_name} or {v_name}"
-            )
+    cdef size_t start = <size_t>&written[0]
+    if (_share_memory(start, <size_t>&u[0], nbytes)
+            or _share_memory(start, <size_t>&v[0], nbytes)):
+        raise ValueError(
+            f"{written_name} must not share memory with {u_name} or {v_name}"
+        )
     return True
 
 

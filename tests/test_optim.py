@@ -129,20 +129,24 @@ def test_longest_step_keeps_bounded_coordinates_near_their_bounds():
 
 
 def test_line_search_never_tries_beyond_its_longest_step():
-    # f(z) = |z|^2 from (1, 1) along -g: the unit step overshoots the
-    # minimum (at 0.5); capped at 0.1, every trial and the step are 0.1 at
-    # most, and the step still decreases f.
+    # f = |x|^2 with x0 bounded below by 0.9, from z = (1, 1) along
+    # p = 10 (-g): the unit step would take z0 far below the bound, and
+    # MAX_OVERSHOOT = 2 below it is z0 = -1.1, at alpha = 2.1 / -p0 (about
+    # 0.12). Every trial and the step stay within it, and the step still
+    # decreases f.
+    box = SmoothBox(*bound_arrays([(0.9, None), (None, None)], 2))
+    objective = lbfgs_module._Objective(lambda x: (-float(x @ x), -2.0 * x), box)
     z = np.array([1.0, 1.0])
-    objective = lbfgs_module._Objective(
-        lambda x: (-float(x @ x), -2.0 * x), SmoothBox(*bound_arrays(None, 2))
-    )
     f, g = objective(z)
-    step = lbfgs_module._line_search(objective, z, f, g, -g, longest=0.1)
+    p = -10.0 * g
+    longest = box.longest_step(z, p, lbfgs_module.MAX_OVERSHOOT)
+    assert longest == pytest.approx(2.1 / -p[0], rel=1e-12) and longest < 0.5
+    step = lbfgs_module._line_search(objective, z, f, g, p)
     assert step is not None and step[1] < f
-    assert objective.steps and max(a for a, _ in objective.steps) <= 0.1 + 1e-15
-    alpha = (z[0] - step[0][0]) / g[0]  # the step is z - alpha g
-    assert 0 < alpha <= 0.1 + 1e-15
-    np.testing.assert_allclose(step[0], z - alpha * g, rtol=1e-14)
+    assert objective.steps and max(a for a, _ in objective.steps) <= longest + 1e-15
+    alpha = (step[0][1] - z[1]) / p[1]  # the step is z + alpha p
+    assert 0 < alpha <= longest + 1e-15
+    np.testing.assert_allclose(step[0], z + alpha * p, rtol=1e-14)
 
 
 def test_smooth_box_chain_matches_finite_differences():

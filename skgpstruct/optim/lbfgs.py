@@ -156,6 +156,13 @@ class OptimizationResult:
     history: list = field(default_factory=list)
 
 
+def _checked_initial(initial):
+    """``initial`` if it names an initial matrix, else a ValueError."""
+    if initial not in INITIAL_MATRICES:
+        raise ValueError(f"initial must be one of {INITIAL_MATRICES}, got {initial!r}")
+    return initial
+
+
 class _LBFGSMemory:
     """The L-BFGS inverse Hessian on a ring buffer of pairs, with a diagonal
     or scalar initial matrix.
@@ -235,11 +242,7 @@ class _LBFGSMemory:
         self.dtype = np.dtype(dtype)
         if self.dtype not in (np.float64, np.float32):
             raise ValueError(f"dtype must be float64 or float32, got {dtype!r}")
-        if initial not in INITIAL_MATRICES:
-            raise ValueError(
-                f"initial must be one of {INITIAL_MATRICES}, got {initial!r}"
-            )
-        self.initial = initial
+        self.initial = _checked_initial(initial)
         self.pairs = np.empty((m, 2, n), dtype=self.dtype)
         self.sy = np.zeros((m, m))
         self.reset()
@@ -450,11 +453,12 @@ class _Objective:
         return self(z)[1]
 
 
-def _line_search(objective, z, f, g, p, longest=np.inf):
+def _line_search(objective, z, f, g, p):
     """A step along ``p`` from ``z`` that decreases ``f``, or None.
 
     Strong Wolfe conditions first (scipy's search, unit step first, no
-    step beyond ``longest``). When it
+    step taking a bounded coordinate more than ``MAX_OVERSHOOT`` beyond its
+    bound: :meth:`SmoothBox.longest_step`). When it
     fails (on a cliff where the objective becomes infinite, the curvature
     condition may be out of reach), the lowest point it evaluated if that
     one satisfies the sufficient-decrease condition; otherwise the first of
@@ -468,14 +472,13 @@ def _line_search(objective, z, f, g, p, longest=np.inf):
         Current point, with value ``f`` and gradient ``g``.
     p : ndarray of shape (n,)
         A descent direction (``g^T p < 0``).
-    longest : float, default=inf
-        The longest step tried (:meth:`SmoothBox.longest_step`).
 
     Returns
     -------
     (z_new, f_new, g_new) or None
     """
     slope = float(g @ p)
+    longest = objective.box.longest_step(z, p, MAX_OVERSHOOT)
     amax = longest if np.isfinite(longest) else None
 
     def sufficient(alpha, f_new):
@@ -599,8 +602,7 @@ def minimize_lbfgs(
         A ValueError: the objective's value or gradient is not finite at
         ``x0``.
     """
-    if initial not in INITIAL_MATRICES:
-        raise ValueError(f"initial must be one of {INITIAL_MATRICES}, got {initial!r}")
+    _checked_initial(initial)  # before the objective is evaluated at x0
     x0 = np.asarray(x0, dtype=np.float64)
     box = SmoothBox(*bound_arrays(bounds, x0.size))
     objective = _Objective(value_and_grad, box)
@@ -632,17 +634,11 @@ def minimize_lbfgs(
             memory.inverse_hessian_times(g, scale=-1.0, out=p)
             slope = g @ p  # not finite if p is not
             if np.isfinite(slope) and slope < 0:
-                step = _line_search(
-                    objective, z, f, g, p, box.longest_step(z, p, MAX_OVERSHOOT)
-                )
+                step = _line_search(objective, z, f, g, p)
             if step is None:  # start again from steepest descent
                 memory.reset()
         if step is None:
-            p_descent = _steepest_descent(g)
-            step = _line_search(
-                objective, z, f, g, p_descent,
-                box.longest_step(z, p_descent, MAX_OVERSHOOT),
-            )
+            step = _line_search(objective, z, f, g, _steepest_descent(g))
         if step is None:
             message = MESSAGE_LINE_SEARCH
             break
