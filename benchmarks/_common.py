@@ -266,6 +266,48 @@ class Stopwatch:
         return False
 
 
+class PeakMemory:
+    """The peak resident memory of a stretch of code, above its start (Linux).
+
+    ``memory = PeakMemory()`` resets the kernel's high-water mark of this
+    process's resident set to its resident size (writes ``5`` to
+    ``/proc/self/clear_refs``) and reads the mark (``VmHWM``);
+    ``memory.increment_mib()`` is how far the mark has risen since. Both
+    readings are of one counter, so the figure is the stretch's own in any
+    process, and not below zero. (``getrusage``'s ``ru_maxrss`` is the
+    lifetime peak, and the kernel sums it from an approximate counter: less
+    the resident size before the stretch, it can even come out negative.)
+    Where the mark cannot be reset, ``reset`` is False, the start is the
+    resident size (``VmRSS``), and the figure is the stretch's own only if
+    nothing before it in the process rose higher: in a fresh process, where
+    the scripts take it.
+    """
+
+    def __init__(self):
+        try:
+            with open("/proc/self/clear_refs", "w") as handle:
+                handle.write("5")
+            self.reset = True
+        except OSError:
+            self.reset = False
+        self.start_kib = _proc_status_kib("VmHWM" if self.reset else "VmRSS")
+
+    def increment_mib(self):
+        return (_proc_status_kib("VmHWM") - self.start_kib) / 1024
+
+
+def _proc_status_kib(field):
+    """A ``kB`` field of ``/proc/self/status`` (such as ``VmHWM``), or NaN."""
+    try:
+        with open("/proc/self/status") as handle:
+            for line in handle:
+                if line.startswith(field + ":"):
+                    return float(line.split()[1])
+    except OSError:
+        pass
+    return float("nan")
+
+
 def inner_splits(n_sequences, n_splits=INNER_FOLDS):
     """Contiguous KFold over the training sequences (already in random order)."""
     from sklearn.model_selection import KFold

@@ -22,8 +22,9 @@ Every measurement runs in a fresh process (``multiprocessing`` spawn): a GP
 quality is not the point) and a CRF (``c2=0.1``) are fitted on 200
 synthetic sequences of ``make_sequences`` with V labels, then one sequence
 of T tokens of the same distribution is predicted. Printed: seconds of the
-call, its peak RSS increment (``ru_maxrss`` after the call minus the
-resident size before it; the input features and the fitted models are
+call, its peak RSS increment (the kernel's high-water mark of the
+resident set, reset before the call, minus the resident size then:
+``_common.PeakMemory``; the input features and the fitted models are
 already resident), the memory the samples would take at once, and the
 ratios to the CRF's.
 
@@ -36,8 +37,6 @@ Run from the repository root (sklearn-crfsuite from the ``bench`` extra)::
 import argparse
 import math
 import multiprocessing
-import os
-import resource
 import sys
 import time
 from concurrent.futures import ProcessPoolExecutor
@@ -45,6 +44,7 @@ from concurrent.futures import ProcessPoolExecutor
 import numpy as np
 from _common import (
     CRF_MISSING,
+    PeakMemory,
     _fit_crf,
     command_line,
     crf_items,
@@ -65,12 +65,6 @@ COLUMNS = [
     "GP, at once: s / peak MiB", "CRF: s / peak MiB",
     "GP blocks / CRF: time, memory",
 ]
-
-
-def _rss_kib():
-    with open("/proc/self/statm") as handle:
-        pages = int(handle.read().split()[1])
-    return pages * os.sysconf("SC_PAGE_SIZE") / 1024
 
 
 def _data(n_tokens, n_labels):
@@ -116,14 +110,15 @@ def measure(config):
         def call():
             return gp.predict_marginals([long_x])[0]
 
-    rss_before = _rss_kib()
+    memory = PeakMemory()
     start = time.perf_counter()
     marginals = call()
     seconds = time.perf_counter() - start
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    increment = memory.increment_mib()
     if not np.allclose(marginals.sum(axis=1), 1.0):
         raise RuntimeError("marginals do not sum to one")
-    return {"seconds": seconds, "peak_increment_mib": (peak - rss_before) / 1024}
+    return {"seconds": seconds, "peak_increment_mib": increment,
+            "peak_reset": memory.reset}
 
 
 def run_isolated(config):

@@ -39,8 +39,9 @@ peak RSS (``getrusage(RUSAGE_SELF).ru_maxrss``) is per configuration:
   peak RSS covers them; ``bench_dask.py`` compares the backends).
 
 "peak RSS" is the process's whole peak (interpreter, libraries, data);
-"fit increment" is the peak minus the resident size just before ``fit``,
-the memory the fit itself added.
+"fit increment" is how far the resident set's high-water mark rose from
+just before ``fit`` (``_common.PeakMemory``), the memory the fit itself
+added.
 
 Examples
 --------
@@ -58,7 +59,6 @@ import contextlib
 import io
 import math
 import multiprocessing
-import os
 import re
 import resource
 import sys
@@ -70,6 +70,7 @@ from concurrent.futures import ProcessPoolExecutor
 import numpy as np
 from _common import (
     CRF_MISSING,
+    PeakMemory,
     Stopwatch,
     command_line,
     crfsuite_available,
@@ -133,14 +134,6 @@ def crfsuite_input(X, dense):
 
 # ---------------------------------------------------------------------- #
 # one measurement (runs in a fresh process)
-def _rss_now_kib():
-    """Resident set size now, in KiB (Linux), or NaN."""
-    try:
-        with open("/proc/self/statm") as handle:
-            pages = int(handle.read().split()[1])
-        return pages * os.sysconf("SC_PAGE_SIZE") / 1024
-    except (OSError, ValueError, IndexError):
-        return float("nan")
 
 
 class _TimestampedLines(io.TextIOBase):
@@ -233,7 +226,7 @@ def _measure(config):
 
         C_train = crfsuite_input(X_train, config["dense"])
         C_test = crfsuite_input(X_test, config["dense"])
-        rss_before = _rss_now_kib()
+        memory = PeakMemory()
         with Stopwatch() as fit:
             crf = _fit_crf(C_train, y_train, CRF_C2)
         iterations = list(getattr(crf.training_log_, "iterations", None) or [])
@@ -262,7 +255,7 @@ def _measure(config):
             params["warm_start"] = True
         gp = GPStructClassifier(**params)
         captured = _TimestampedLines()
-        rss_before = _rss_now_kib()
+        memory = PeakMemory()
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", ConvergenceWarning)
             with contextlib.redirect_stdout(captured), Stopwatch() as fit:
@@ -314,7 +307,7 @@ def _measure(config):
                 )
     self_peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     out["peak_rss_mib"] = self_peak / 1024
-    out["fit_increment_mib"] = (self_peak - rss_before) / 1024
+    out["fit_increment_mib"] = memory.increment_mib()
     return out
 
 

@@ -1004,6 +1004,22 @@ def test_bench_long_sequence_measures_both_gp_ways(bench_long_sequence, monkeypa
     ) == "1.23 / 57"
 
 
+def test_peak_memory_is_the_stretchs_own_not_the_processs(common):
+    # 64 MiB written (so resident) inside a stretch raise its mark by about
+    # that much; a later stretch that allocates nothing reads close to zero,
+    # where the process's lifetime peak minus its resident size would read
+    # the 64 MiB again.
+    memory = common.PeakMemory()
+    if not memory.reset:
+        pytest.skip("the resident set's high-water mark cannot be reset here "
+                    "(/proc/self/clear_refs is Linux's, and must be writable)")
+    block = np.ones(8 * 2**20)
+    assert 60 <= memory.increment_mib() <= 80
+    del block
+    quiet = common.PeakMemory()
+    assert 0 <= quiet.increment_mib() < 8
+
+
 def test_calibration_against_hand_counts(common):
     # Four tokens, labels a / b, counted by hand. Top labels: a at 0.58
     # (right) and a at 0.62 (wrong) fall in bins 5 and 6; b at 0.95 (right)
